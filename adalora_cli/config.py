@@ -1,0 +1,329 @@
+"""Run configuration: YAML + ``key=value`` overrides -> frozen, validated dataclasses.
+
+Every default lives here, once. After :func:`load_config` nothing reads raw dicts:
+the rest of the package sees only these typed objects. Unknown keys are rejected by
+their full dotted path, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased as one line that names the problem and the fix."""
+
+
+METHODS = ("adalora", "lora", "houlsby", "pfeiffer", "bitfit", "full")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What to learn and where the data comes from."""
+
+    name: str = "rte"
+    """Task key: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte) or rotten_tomatoes."""
+    dataset: str | None = None
+    """Hub dataset id; None means the task's default (nyu-mll/glue for GLUE)."""
+    data_dir: str | None = None
+    """Local folder holding ``<split>.{tsv,csv,json,jsonl,parquet}`` files in the hub's columns."""
+    data_files: dict[str, str] | None = None
+    """Explicit ``{split: file}`` mapping; overrides data_dir and the hub."""
+    max_length: int = 128
+    """Tokens per example after truncation (pairs are truncated longest-first)."""
+    max_train_samples: int | None = None
+    """Use only the first N training examples (quick experiments)."""
+    max_eval_samples: int | None = None
+    """Use only the first N examples of each evaluation split."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name_or_path: str = "microsoft/deberta-v3-base"
+    """Hub id or local folder of a pretrained checkpoint."""
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    name: Literal["adalora", "lora", "houlsby", "pfeiffer", "bitfit", "full"] = "adalora"
+    """Fine-tuning method (SPEC section 6)."""
+    target_modules: list[str] | None = None
+    """Linear modules to adapt, matched as a suffix of the module path; None = the
+    defaults for the model type (DeBERTa-v2/v3, BERT, BART: every attention and FFN matrix)."""
+
+
+@dataclass(frozen=True)
+class AdaLoRAConfig:
+    budget: int = 144
+    """b(T): total rank (number of unmasked singular values) kept at the end."""
+    init_rank: int = 4
+    """r0: initial rank of every adapted matrix; b0 = n * r0."""
+    alpha: float = 32.0
+    """Scaling numerator: Delta W is scaled by alpha / r0 (r0 fixed while pruning)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    gamma: float = 0.1
+    """Weight of the orthogonal regularizer (Eq. 4)."""
+    orth_reg: Literal["code", "paper"] = "code"
+    """Regularizer form (SPEC section 2)."""
+    t_init: int = 0
+    """t_i: warm-up steps at b0 before pruning starts."""
+    delta_t: int = 1
+    """Masking interval in optimizer steps."""
+    t_final: int = 0
+    """t_f: final steps with the rank pattern frozen at b(T)."""
+    beta1: float = 0.85
+    """EMA coefficient of the smoothed sensitivity (Eq. 9)."""
+    beta2: float = 0.85
+    """EMA coefficient of the uncertainty (Eq. 10)."""
+    score: Literal["smoothed", "sensitivity", "magnitude"] = "smoothed"
+    """Importance score: Eq. 11 (default), plain sensitivity Eq. 8, or |lam| (Table 5)."""
+    prune: bool = True
+    """False keeps every triplet (the SVD-LoRA ablation of Table 6)."""
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    r: int = 8
+    """Rank of B A."""
+    alpha: float = 16.0
+    """Scaling numerator: Delta W = (alpha / r) B A."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    gamma: float = 0.0
+    """> 0 adds the orthogonal regularizer on A and B (LoRA_regu, Table 6)."""
+    prune: bool = False
+    """True prunes LoRA doublets with AdaLoRA's scores and schedule (prune-LoRA, Table 5);
+    the budget, schedule and score come from the adalora section."""
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    dim: int = 32
+    """Bottleneck width d of the Houlsby / Pfeiffer adapters."""
+    dropout: float = 0.0
+    """Dropout inside the adapter, after the activation."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    learning_rate: float = 5e-4
+    batch_size: int = 32
+    """Examples per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step; every schedule counts optimizer steps."""
+    epochs: float = 3.0
+    max_steps: int | None = None
+    """If set, T = max_steps and epochs is ignored."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up, then linear decay to 0 at T."""
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    """Gradient clipping; 0 disables it."""
+    seed: int = 42
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    """Autocast on CUDA ('auto' = bf16 where supported, else fp16); CPU always runs fp32."""
+    device: str = "auto"
+    """'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ..."""
+    eval_batch_size: int = 64
+    eval_every: int | None = None
+    """Evaluate every N optimizer steps as well as at the end."""
+    log_every: int = 1
+    """Write a training row to metrics.jsonl every N optimizer steps."""
+    save_weights: bool = True
+    """Write the trained weights (adapter + head, or the whole model for 'full')."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    adalora: AdaLoRAConfig = field(default_factory=AdaLoRAConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Checks that need no data. The schedule against T is checked in train.py."""
+    a, lo, t = cfg.adalora, cfg.lora, cfg.train
+    _check(a.init_rank >= 1, f"adalora.init_rank must be >= 1, got {a.init_rank}")
+    _check(a.budget >= 0, f"adalora.budget must be >= 0, got {a.budget}")
+    _check(a.delta_t >= 1, f"adalora.delta_t must be >= 1, got {a.delta_t}")
+    _check(a.t_init >= 0 and a.t_final >= 0,
+           f"adalora.t_init and adalora.t_final must be >= 0, got {a.t_init} and {a.t_final}")
+    for name, beta in (("beta1", a.beta1), ("beta2", a.beta2)):
+        _check(0.0 < beta < 1.0, f"adalora.{name} must lie in (0, 1), got {beta}")
+    _check(a.gamma >= 0 and lo.gamma >= 0, "adalora.gamma and lora.gamma must be >= 0")
+    _check(lo.r >= 1, f"lora.r must be >= 1, got {lo.r}")
+    _check(cfg.adapter.dim >= 1, f"adapter.dim must be >= 1, got {cfg.adapter.dim}")
+    for name, p in (("adalora.dropout", a.dropout), ("lora.dropout", lo.dropout),
+                    ("adapter.dropout", cfg.adapter.dropout)):
+        _check(0.0 <= p < 1.0, f"{name} must lie in [0, 1), got {p}")
+    _check(t.learning_rate > 0, f"train.learning_rate must be > 0, got {t.learning_rate}")
+    _check(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
+    _check(t.grad_accum >= 1, f"train.grad_accum must be >= 1, got {t.grad_accum}")
+    _check(t.epochs > 0 or t.max_steps, "train.epochs must be > 0 (or set train.max_steps)")
+    _check(t.max_steps is None or t.max_steps >= 1,
+           f"train.max_steps must be >= 1 when set, got {t.max_steps}")
+    _check(t.eval_every is None or t.eval_every >= 1, "train.eval_every must be >= 1 when set")
+    _check(t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}")
+    _check(cfg.task.max_length >= 8, f"task.max_length must be >= 8, got {cfg.task.max_length}")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` strings (values parsed as YAML) to a nested dict, in place."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not key=value; write e.g. train.seed=3")
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = _parse_value(raw)
+    return data
+
+
+def _coerce(value: Any, hint: Any, path: str) -> Any:
+    """Check one YAML value against a field's type hint; ints may stand for floats."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, path)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{path}: bad value {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{path} must be one of {', '.join(map(str, choices))}; got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            value = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+        if not isinstance(value, list):
+            raise ConfigError(f"{path} must be a list, got {value!r}")
+        (item_hint,) = typing.get_args(hint)
+        return [_coerce(v, item_hint, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path} must be a mapping, got {value!r}")
+        return {str(k): str(v) for k, v in value.items()}
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path} must be true or false, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{path} must be a number, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{path} must be an integer, got {value!r}")
+    if hint is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{path} must be a string, got {value!r}")
+    raise ConfigError(f"{path}: unsupported type {hint}")  # pragma: no cover
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'the config'} must be a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(
+            f"unknown config key {where}{unknown[0]}; valid keys here: {', '.join(sorted(names))}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        path = f"{prefix}.{name}" if prefix else name
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value or {}, path)
+        else:
+            kwargs[name] = _coerce(value, hint, path)
+    return cls(**kwargs)
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    cfg = _build(RunConfig, data, "")
+    validate(cfg)
+    return cfg
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass a path such as configs/glue/rte.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path} is not valid YAML{where}: {problem}; fix the file") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (task:, model:, ...), not {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config, apply ``key=value`` overrides, and validate."""
+    data = apply_overrides(read_yaml(path), list(overrides or []))
+    return from_dict(data)
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,91 @@
+"""What a fine-tuning method hands to the training loop.
+
+The loop never branches on the method name. A method returns a :class:`MethodHandle`
+holding the parameters to optimize and two optional hooks: a regularizer added to the
+loss, and an after-step callback (AdaLoRA's rank allocator uses it to score and mask).
+Adapter modules are found by type through the :class:`AdapterModule` protocol, never by
+matching parameter-name strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+@runtime_checkable
+class AdapterModule(Protocol):
+    """A module that owns trainable adapter parameters (LoRA, SVD, bottleneck adapters)."""
+
+    def adapter_parameters(self) -> Iterator[nn.Parameter]: ...
+
+
+def adapter_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every adapter module in the model, with its module path, in model order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, AdapterModule)]
+
+
+def head_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters outside the pretrained backbone (``model.base_model``): the task head.
+
+    Found by module identity, so tied weights (BART's lm_head = shared embeddings) are not
+    counted as head."""
+    base = getattr(model, "base_model", model)
+    if base is model:
+        return []
+    in_base = {id(p) for p in base.parameters()}
+    seen: set[int] = set()
+    out = []
+    for p in model.parameters():
+        if id(p) not in in_base and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def count(params: list[nn.Parameter]) -> int:
+    return sum(p.numel() for p in params)
+
+
+@dataclass
+class MethodHandle:
+    """The method's side of the training loop."""
+
+    name: str
+    adapter: list[nn.Parameter]
+    """Method parameters (the paper's "# Params"); all of them for 'full'."""
+    head: list[nn.Parameter]
+    """Task-head parameters (trained by every method, counted separately)."""
+    n_matrices: int = 0
+    """Number of adapted weight matrices (0 for adapters, BitFit and full)."""
+    reg_weight: float = 0.0
+    """gamma: the loop adds reg_weight * regularizer() to the loss."""
+    regularizer: Callable[[], torch.Tensor] | None = None
+    """Unweighted regularizer R (logged as orth_reg)."""
+    after_step: Callable[[int], dict[str, Any]] | None = None
+    """Called with the optimizer step t (from 1) after optimizer.step() and before
+    zero_grad(); returns values to log, e.g. {"budget": b_t} and, at mask events,
+    {"ranks": {module path: rank}}."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Method-specific objects (e.g. the rank allocator) for saving and reporting."""
+
+    @property
+    def trainable(self) -> list[nn.Parameter]:
+        seen: set[int] = set()
+        out = []
+        for p in [*self.adapter, *self.head]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        return out
+
+    @property
+    def adapter_params(self) -> int:
+        return count(self.adapter)
+
+    @property
+    def head_params(self) -> int:
+        return count(self.head)
