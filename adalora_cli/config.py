@@ -259,6 +259,11 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e-4 as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{path} must be a number, got {value!r}")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):

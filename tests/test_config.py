@@ -1,0 +1,102 @@
+"""Config loading: every shipped YAML loads, overrides parse as YAML, errors name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adalora_cli.config import ConfigError, apply_overrides, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted((ROOT / "configs").rglob("*.yaml"))
+
+# SPEC section 8: lr, batch, epochs, gamma, t_i, delta_t, t_f
+GLUE_TABLE = {
+    "mnli": (5e-4, 32, 7, 0.1, 8000, 100, 50000),
+    "rte": (1.2e-3, 32, 50, 0.3, 600, 1, 1800),
+    "qnli": (1.2e-3, 32, 5, 0.1, 2000, 100, 8000),
+    "mrpc": (1e-3, 32, 30, 0.1, 600, 1, 1800),
+    "qqp": (5e-4, 32, 5, 0.1, 8000, 100, 25000),
+    "sst2": (8e-4, 32, 24, 0.1, 6000, 100, 22000),
+    "cola": (5e-4, 32, 25, 0.5, 800, 10, 3500),
+    "stsb": (2.2e-3, 32, 25, 0.1, 800, 10, 2000),
+}
+ALPHA_16 = {"mnli", "sst2", "qqp"}
+
+
+def test_configs_exist():
+    assert len(SHIPPED) >= 10
+    assert {p.stem for p in (ROOT / "configs" / "glue").glob("*.yaml")} == set(GLUE_TABLE)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.task.name
+    assert cfg.method.name in {"adalora", "lora", "houlsby", "pfeiffer", "bitfit", "full"}
+
+
+@pytest.mark.parametrize("task", sorted(GLUE_TABLE))
+def test_glue_configs_carry_spec_values(task):
+    cfg = load_config(ROOT / "configs" / "glue" / f"{task}.yaml")
+    lr, batch, epochs, gamma, t_i, delta_t, t_f = GLUE_TABLE[task]
+    a, t = cfg.adalora, cfg.train
+    assert (t.learning_rate, t.batch_size, t.epochs) == (lr, batch, epochs)
+    assert (a.gamma, a.t_init, a.delta_t, a.t_final) == (gamma, t_i, delta_t, t_f)
+    assert (a.budget, a.init_rank, a.beta1, a.beta2) == (144, 4, 0.85, 0.85)
+    assert a.alpha == (16 if task in ALPHA_16 else 32)
+    assert cfg.model.name_or_path == "microsoft/deberta-v3-base"
+    assert cfg.task.name == task
+    header = (ROOT / "configs" / "glue" / f"{task}.yaml").read_text().splitlines()[0]
+    assert header.startswith("#") and task.upper() in header
+
+
+def test_overrides_are_parsed_as_yaml():
+    cfg = load_config(ROOT / "configs" / "glue" / "mnli.yaml",
+                      ["method.name=lora", "lora.r=8", "train.seed=3",
+                       "train.learning_rate=1e-4", "method.target_modules=[query_proj, value_proj]"])
+    assert cfg.method.name == "lora"
+    assert cfg.lora.r == 8 and isinstance(cfg.lora.r, int)
+    assert cfg.train.seed == 3
+    assert cfg.train.learning_rate == pytest.approx(1e-4)
+    assert cfg.method.target_modules == ["query_proj", "value_proj"]
+
+
+def test_int_accepted_for_float_and_nested_sections_created():
+    data = apply_overrides({}, ["adalora.alpha=16", "task.name=rte"])
+    assert data == {"adalora": {"alpha": 16}, "task": {"name": "rte"}}
+
+
+def test_unknown_key_named_by_full_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown config key adalora\.budjet"):
+        load_config(ROOT / "configs" / "glue" / "rte.yaml", ["adalora.budjet=3"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trian:\n  seed: 1\n")
+    with pytest.raises(ConfigError, match=r"unknown config key trian"):
+        load_config(bad)
+
+
+def test_missing_file_and_malformed_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task:\n  name: rte\n  max_length: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line \d+"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("train.batch_size=zero", "train.batch_size must be an integer"),
+    ("method.name=qlora", "method.name must be one of"),
+    ("adalora.beta1=1.5", "adalora.beta1 must lie in (0, 1)"),
+    ("adalora.delta_t=0", "adalora.delta_t must be >= 1"),
+    ("train.learning_rate=-1", "train.learning_rate must be > 0"),
+    ("lora.prune=maybe", "lora.prune must be true or false"),
+    ("seed", "is not key=value"),
+])
+def test_bad_values_give_one_line_errors(override, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config(ROOT / "configs" / "glue" / "rte.yaml", [override])
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
