@@ -1,0 +1,97 @@
+"""SVD-based adaptation (Sec. 3.1, Eq. 3) and the orthogonal regularizer (Eq. 4).
+
+:class:`SVDLinear` wraps a frozen ``nn.Linear`` and adds ``(alpha / r0) * P diag(lam) Q x``.
+The rank allocator (``allocator.py``) prunes a matrix's rank by zeroing entries of ``lam``;
+``P`` and ``Q`` are never masked and the scaling keeps the *initial* rank ``r0`` (SPEC §1).
+
+:func:`orthogonal_regularizer` works on any layer that exposes ``factors() -> (left, right)``
+with ``left`` of shape ``(d_out, r)`` and ``right`` of shape ``(r, d_in)``: ``(P, Q)`` here,
+``(B, A)`` for LoRA (the LoRA_regu ablation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Literal
+
+import torch
+from torch import nn
+
+RegForm = Literal["code", "paper"]
+
+
+def _dropout(p: float) -> nn.Module:
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
+class SVDLinear(nn.Module):
+    """``h = W0 x + b + (alpha / r0) * P diag(lam) Q dropout(x)`` around a frozen linear."""
+
+    def __init__(self, base: nn.Linear, r0: int, alpha: float, dropout: float = 0.0):
+        super().__init__()
+        self.base = base
+        self.r0 = r0
+        # alpha / r0 with the *initial* rank; it does not follow the pruned rank (SPEC §1).
+        self.scaling = alpha / r0
+        self.dropout = _dropout(dropout)
+        w = base.weight  # (d_out, d_in)
+        d_out, d_in = w.shape
+        kw = {"device": w.device, "dtype": w.dtype}
+        self.P = nn.Parameter(torch.empty(d_out, r0, **kw).normal_(0.0, 0.02))  # (d_out, r0)
+        self.lam = nn.Parameter(torch.zeros(r0, **kw))  # (r0,); 0 so Delta W = 0 at step 0
+        self.Q = nn.Parameter(torch.empty(r0, d_in, **kw).normal_(0.0, 0.02))  # (r0, d_in)
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Eq. 3, applied right to left so no (d_out, d_in) matrix is ever formed.
+        z = (self.dropout(x) @ self.Q.T) * self.lam  # (..., r0)
+        return self.base(x) + (z @ self.P.T) * self.scaling
+
+    def delta_weight(self) -> torch.Tensor:
+        """``Delta W = (alpha / r0) P diag(lam) Q``, shape ``(d_out, d_in)`` (for inspection)."""
+        return (self.P * self.lam) @ self.Q * self.scaling
+
+    def adapter_parameters(self) -> Iterator[nn.Parameter]:
+        yield from (self.P, self.lam, self.Q)
+
+    def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.P, self.Q
+
+    def triplet_factors(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``(P, lam, Q)``: triplet ``i`` is ``(P[:, i], lam[i], Q[i, :])``."""
+        return self.P, self.lam, self.Q
+
+    def extra_repr(self) -> str:
+        return f"r0={self.r0}, scaling={self.scaling:g}"
+
+
+def _gram_distances(layers: Iterable[nn.Module]) -> list[torch.Tensor]:
+    """``||L^T L - I||_F`` and ``||R R^T - I||_F`` for every layer, in order ``[L1, R1, L2, ...]``."""
+    out = []
+    for layer in layers:
+        left, right = layer.factors()  # (d_out, r), (r, d_in)
+        eye = torch.eye(left.shape[1], device=left.device, dtype=left.dtype)
+        out.append(torch.linalg.matrix_norm(left.T @ left - eye))  # (r, r) Gram of columns
+        out.append(torch.linalg.matrix_norm(right @ right.T - eye))  # (r, r) Gram of rows
+    return out
+
+
+def orthogonal_regularizer(layers: Iterable[nn.Module], form: RegForm = "code") -> torch.Tensor:
+    """Eq. 4 summed or averaged over the adapted matrices (SPEC §2).
+
+    ``code``: mean of the *unsquared* Frobenius norms over the list of all 2n factors (the
+    form the paper's gamma values were tuned with). ``paper``: sum of the squared norms.
+    """
+    norms = torch.stack(_gram_distances(layers))  # (2n,)
+    if form == "code":
+        return norms.mean()
+    if form == "paper":
+        return norms.pow(2).sum()
+    raise ValueError(f"unknown orthogonal regularizer form {form!r}; use 'code' or 'paper'")

@@ -1,0 +1,65 @@
+"""Bottleneck adapters: Houlsby (Houlsby et al., 2019) and Pfeiffer (Pfeiffer et al., 2021).
+
+An adapter wraps an output projection: ``y = base(x); out = y + up(dropout(act(down(y))))``,
+so it sits after the projection and before that sublayer's residual add and LayerNorm
+(SPEC §6). ``down`` starts at N(0, 0.02) with a zero bias and ``up`` at zero, so the adapted
+model computes exactly what the pretrained one does at step 0. Houlsby puts one after the
+attention output and one after the FFN output of every layer (SiLU); Pfeiffer only after
+the FFN output (ReLU). Where they attach per model type lives in ``inject.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+class BottleneckAdapter(nn.Module):
+    """``y + up(dropout(act(down(y))))`` with ``y = base(x)``; d_model -> dim -> d_model."""
+
+    activation: type[nn.Module] = nn.ReLU
+
+    def __init__(self, base: nn.Linear, dim: int, dropout: float = 0.0):
+        super().__init__()
+        self.base = base
+        w = base.weight  # (d_model, d_in): the adapter sees the projection's output
+        d_model = w.shape[0]
+        kw = {"device": w.device, "dtype": w.dtype}
+        self.down = nn.Linear(d_model, dim, **kw)  # weight (dim, d_model)
+        self.up = nn.Linear(dim, d_model, **kw)  # weight (d_model, dim)
+        self.act = self.activation()
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        with torch.no_grad():
+            self.down.weight.normal_(0.0, 0.02)
+            self.down.bias.zero_()
+            self.up.weight.zero_()  # the adapter starts as the identity map
+            self.up.bias.zero_()
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        return y + self.up(self.dropout(self.act(self.down(y))))
+
+    def adapter_parameters(self) -> Iterator[nn.Parameter]:
+        yield from (*self.down.parameters(), *self.up.parameters())
+
+
+class HoulsbyAdapter(BottleneckAdapter):
+    """Two per layer (attention and FFN outputs), SiLU."""
+
+    activation = nn.SiLU
+
+
+class PfeifferAdapter(BottleneckAdapter):
+    """One per layer (FFN output), ReLU."""
+
+    activation = nn.ReLU

@@ -1,0 +1,247 @@
+"""Importance-aware rank allocation (Sec. 3.2-3.3, Algorithm 1; SPEC §3-5).
+
+:func:`budget_schedule` is a pure function of the step: the corrected cubic of Appendix A.
+:class:`RankAllocator` keeps its state in flat tensors over every entry of every ``P``,
+``lam``, ``Q`` (or LoRA ``B``, ``A`` for prune-LoRA), so one optimizer step costs a handful
+of whole-tensor ops whatever the number of adapted matrices:
+
+- sensitivity ``I = |w * grad|`` for all entries at once (Eq. 8), then the EMAs (Eqs. 9-10);
+- entry scores are summed per (triplet, part) with one ``index_add_`` over a precomputed
+  entry -> slot index, giving the triplet score of Eq. 7;
+- a persistent flat 0/1 mask over all triplets, with precomputed views onto it, zeroes the
+  pruned ``lam`` (or ``B`` columns and ``A`` rows) in one ``torch._foreach_mul_``.
+
+The state lives on the parameters' device and follows them if the model is moved later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from adalora_cli.config import AdaLoRAConfig, ConfigError
+
+Score = Literal["smoothed", "sensitivity", "magnitude"]
+# Slot parts: triplet i owns slots 3i (P column / B column), 3i+1 (lam), 3i+2 (Q row / A row).
+_LEFT, _LAM, _RIGHT = 0, 1, 2
+
+
+def budget_schedule(t: int, b0: int, bT: int, t_init: int, t_final: int, T: int) -> int:
+    """b(t), the number of unmasked singular values after step t (SPEC §4).
+
+    ``floor(bT + (b0 - bT) * (1 - (t - t_init) / (T - t_init - t_final)) ** 3)`` in the middle
+    phase, computed in exact integer arithmetic so the floor never slips on a rounding error.
+    """
+    if t <= t_init:
+        return b0
+    if t > T - t_final:
+        return bT
+    span = T - t_init - t_final
+    left = T - t_final - t  # span * (1 - (t - t_init) / span)
+    return bT + ((b0 - bT) * left**3) // span**3
+
+
+def check_schedule(b0: int, bT: int, t_init: int, t_final: int, T: int) -> None:
+    """Reject a pruning schedule that cannot run, before any training step (SPEC §4)."""
+    if bT < 1:
+        raise ConfigError(f"adalora.budget must be >= 1 when pruning, got {bT}")
+    if bT > b0:
+        raise ConfigError(
+            f"adalora.budget={bT} exceeds the initial budget b0={b0} (adapted matrices x "
+            "initial rank); lower adalora.budget or raise the initial rank"
+        )
+    if t_init + t_final >= T:
+        raise ConfigError(
+            f"rank schedule does not fit: adalora.t_init={t_init} + adalora.t_final={t_final} "
+            f"= {t_init + t_final} >= T={T} optimizer steps; shorten them or train longer"
+        )
+
+
+class RankAllocator:
+    """Scores triplets with the step's gradients and masks all but the global top-b(t)."""
+
+    def __init__(self, layers: Sequence[tuple[str, nn.Module]], *, budget: int,
+                 total_steps: int, t_init: int, t_final: int, delta_t: int,
+                 beta1: float = 0.85, beta2: float = 0.85, score: Score = "smoothed"):
+        if score not in ("smoothed", "sensitivity", "magnitude"):
+            raise ConfigError(f"unknown importance score {score!r}")
+        self.paths = [path for path, _ in layers]
+        self.bT, self.T = budget, total_steps
+        self.t_init, self.t_final, self.delta_t = t_init, t_final, delta_t
+        self.beta1, self.beta2, self.score = beta1, beta2, score
+        self._layers = [layer for _, layer in layers]
+        self._collect()
+        self._index()
+        n_entries = self.slot.numel()
+        kw = {"device": self.slot.device, "dtype": torch.float32}
+        self.I = torch.zeros(n_entries, **kw)  # latest sensitivity, Eq. 8
+        self.I_bar = torch.zeros(n_entries, **kw)  # Eq. 9, starts at 0, no bias correction
+        self.U_bar = torch.zeros(n_entries, **kw)  # Eq. 10
+        self.mask = torch.ones(self.b0, **kw)  # 1 = triplet kept
+        self.frozen = False  # True once the final-phase pattern is fixed
+        self._views = self._mask_views()
+
+    @classmethod
+    def from_config(cls, layers: Sequence[tuple[str, nn.Module]], cfg: AdaLoRAConfig,
+                    total_steps: int) -> RankAllocator:
+        return cls(layers, budget=cfg.budget, total_steps=total_steps, t_init=cfg.t_init,
+                   t_final=cfg.t_final, delta_t=cfg.delta_t, beta1=cfg.beta1,
+                   beta2=cfg.beta2, score=cfg.score)
+
+    # ------------------------------------------------------------------ construction
+
+    def _collect(self) -> None:
+        """References to the scored parameters and to the tensors the mask multiplies."""
+        self.params: list[nn.Parameter] = []
+        self._targets: list[tuple[torch.Tensor, str, int, int]] = []  # (tensor, how, off, r)
+        offset = 0
+        for layer in self._layers:
+            left, lam, right = layer.triplet_factors()  # (d_out, r), (r,) | None, (r, d_in)
+            r = left.shape[1]
+            if lam is not None:
+                self.params += [left, lam, right]
+                self._targets.append((lam, "lam", offset, r))
+            else:  # prune-LoRA zeroes the whole doublet
+                self.params += [left, right]
+                self._targets += [(left, "cols", offset, r), (right, "rows", offset, r)]
+            offset += r
+
+    def _index(self) -> None:
+        """The entry -> (triplet, part) slot index over the flat entries (built once)."""
+        slots, counts, layer_of = [], [], []
+        offset = 0
+        for k, layer in enumerate(self._layers):
+            left, lam, right = layer.triplet_factors()
+            (d_out, r), d_in = left.shape, right.shape[1]
+            slot = 3 * torch.arange(offset, offset + r)  # (r,)
+            slots.append((slot + _LEFT).repeat(d_out))  # row-major (j, i) -> column i
+            if lam is not None:
+                slots.append(slot + _LAM)
+            slots.append((slot + _RIGHT).repeat_interleave(d_in))  # row-major (i, j) -> row i
+            counts.append(torch.tensor([[d_out, int(lam is not None), d_in]] * r))
+            layer_of.append(torch.full((r,), k))
+            offset += r
+        device = self.params[0].device
+        self.b0 = offset
+        self.slot = torch.cat(slots).to(device)  # (n_entries,), in the order of self.params
+        count = torch.cat(counts).to(device, torch.float32)  # (n_triplets, 3)
+        self.has_lam = count[:, _LAM] > 0  # (n_triplets,)
+        self.cost = count.sum(dim=1)  # d_out + d_in (+ 1): parameters per triplet
+        self.slot_count = count.clamp(min=1)  # divisor for the means of Eq. 7
+        self.layer_of = torch.cat(layer_of).to(device)  # (n_triplets,)
+
+    def _mask_views(self) -> list[torch.Tensor]:
+        """Views of ``self.mask`` shaped like each masked tensor (no copies)."""
+        views = []
+        for tensor, how, off, r in self._targets:
+            m = self.mask[off:off + r]  # (r,)
+            if how == "cols":
+                m = m.view(1, r).expand(tensor.shape[0], r)  # (d_out, r)
+            elif how == "rows":
+                m = m.view(r, 1).expand(r, tensor.shape[1])  # (r, d_in)
+            views.append(m)
+        return views
+
+    def _sync_device(self) -> None:
+        """Follow the parameters if the model was moved (or they were replaced) since."""
+        stale = self.params[0] is not self._layers[0].triplet_factors()[0]
+        if stale:
+            self._collect()
+        device = self.params[0].device
+        if self.slot.device != device:
+            stale = True
+            for name in ("I", "I_bar", "U_bar", "mask", "slot", "has_lam", "cost",
+                         "slot_count", "layer_of"):
+                setattr(self, name, getattr(self, name).to(device))
+        if stale:
+            self._views = self._mask_views()
+
+    # ------------------------------------------------------------------ scores
+
+    def _update_scores(self) -> None:
+        # A parameter unused in forward has no grad: its sensitivity is 0.
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        prods = torch._foreach_mul(self.params, grads)
+        self.I = torch.cat([x.reshape(-1) for x in prods]).float().abs_()  # Eq. 8
+        # An fp16 step that GradScaler skipped leaves inf/NaN grads: such an entry carries no
+        # information this step, and one inf would otherwise stay in its EMA for good.
+        self.I.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        self.I_bar.mul_(self.beta1).add_(self.I, alpha=1 - self.beta1)  # Eq. 9
+        # Eq. 10 uses the I_bar just updated, as the authors' code does.
+        self.U_bar.mul_(self.beta2).add_((self.I - self.I_bar).abs_(), alpha=1 - self.beta2)
+
+    def _segment_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum entry values per (triplet, part): ``(n_triplets, 3)``."""
+        out = torch.zeros(3 * self.b0, device=x.device, dtype=torch.float32)
+        return out.index_add_(0, self.slot, x).view(self.b0, 3)
+
+    def scores(self) -> torch.Tensor:
+        """Triplet importance ``S`` of shape ``(n_triplets,)`` under the configured variant."""
+        if self.score == "magnitude":  # Table 5: |lam|, or ||B[:, i]|| ||A[i, :]|| for LoRA
+            w2 = torch.cat([p.detach().reshape(-1) for p in self.params]).float().pow_(2)
+            norms = self._segment_sum(w2).sqrt_()  # (n_triplets, 3)
+            return torch.where(self.has_lam, norms[:, _LAM], norms[:, _LEFT] * norms[:, _RIGHT])
+        s = self.I if self.score == "sensitivity" else self.I_bar * self.U_bar  # Eq. 11
+        return (self._segment_sum(s) / self.slot_count).sum(dim=1)  # Eq. 7: s(lam) + means
+
+    # ------------------------------------------------------------------ masking
+
+    def _select(self, b: int) -> None:
+        """Keep exactly the b highest-scoring triplets over all matrices (Eq. 5)."""
+        S = torch.nan_to_num(self.scores(), nan=float("-inf"))  # a NaN never outranks a score
+        # Stable sort: among equal scores the lower global index wins, deterministically.
+        order = torch.argsort(S, descending=True, stable=True)
+        keep = torch.zeros_like(self.mask)
+        keep[order[:b]] = 1.0
+        self.mask.copy_(keep)  # in place, so the precomputed views stay valid
+
+    def _apply_mask(self) -> None:
+        torch._foreach_mul_([t for t, *_ in self._targets], self._views)
+
+    @torch.no_grad()
+    def step(self, t: int) -> dict[str, Any]:
+        """Call after ``optimizer.step()`` and before ``zero_grad()`` with step t (from 1)."""
+        self._sync_device()
+        b_t = budget_schedule(t, self.b0, self.bT, self.t_init, self.t_final, self.T)
+        out: dict[str, Any] = {"budget": b_t}
+        last_scored = self.T - self.t_final
+        if t <= last_scored:  # also during warm-up, as the authors' code does
+            self._update_scores()
+        if t > last_scored:  # final phase: pattern fixed at bT, re-applied every step
+            if not self.frozen:
+                self._select(self.bT)
+                self.frozen = True
+                out["ranks"] = self.rank_pattern()
+            self._apply_mask()
+        elif t > self.t_init and t % self.delta_t == 0:
+            self._select(b_t)
+            self._apply_mask()
+            out["ranks"] = self.rank_pattern()
+        return out
+
+    # ------------------------------------------------------------------ reporting, resume
+
+    def rank_pattern(self) -> dict[str, int]:
+        """Rank of every adapted matrix: its number of unmasked triplets."""
+        ranks = torch.zeros(len(self.paths), device=self.mask.device)
+        ranks.index_add_(0, self.layer_of, self.mask)
+        return dict(zip(self.paths, (int(r) for r in ranks.tolist())))
+
+    def final_adapter_params(self) -> int:
+        """Parameters in the kept triplets: ``d_in + d_out + 1`` each (no 1 for LoRA)."""
+        return int((self.mask * self.cost).sum().item())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"I": self.I.clone(), "I_bar": self.I_bar.clone(), "U_bar": self.U_bar.clone(),
+                "mask": self.mask.clone(), "frozen": self.frozen, "paths": list(self.paths)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if list(state["paths"]) != self.paths or state["mask"].shape != self.mask.shape:
+            raise ValueError("allocator state was saved for different adapted matrices")
+        self._sync_device()
+        for name in ("I", "I_bar", "U_bar", "mask"):
+            getattr(self, name).copy_(state[name])
+        self.frozen = bool(state["frozen"])

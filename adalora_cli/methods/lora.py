@@ -1,0 +1,63 @@
+"""LoRA (Hu et al., 2022): ``h = W0 x + b + (alpha / r) B A dropout(x)`` (Eq. 2).
+
+``A`` starts Kaiming-uniform (the same rule ``nn.Linear`` uses for its weight) and ``B`` at
+zero, so ``Delta W = 0`` at step 0. Doublet ``i`` is ``(B[:, i], A[i, :])``; prune-LoRA (Table
+5) zeroes whole doublets with the rank allocator, and LoRA_regu (Table 6) applies the
+orthogonal regularizer to ``(B, A)`` through :meth:`LoRALinear.factors`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+class LoRALinear(nn.Module):
+    """A frozen ``nn.Linear`` plus the low-rank update ``(alpha / r) B A``."""
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
+        super().__init__()
+        self.base = base
+        self.r = r
+        self.scaling = alpha / r
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        w = base.weight  # (d_out, d_in)
+        d_out, d_in = w.shape
+        kw = {"device": w.device, "dtype": w.dtype}
+        self.A = nn.Parameter(torch.empty(r, d_in, **kw))  # (r, d_in)
+        self.B = nn.Parameter(torch.zeros(d_out, r, **kw))  # (d_out, r)
+        # fan_in = d_in, exactly as nn.Linear(d_in, r) would initialise its weight.
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.dropout(x) @ self.A.T  # (..., r)
+        return self.base(x) + (z @ self.B.T) * self.scaling
+
+    def delta_weight(self) -> torch.Tensor:
+        """``Delta W = (alpha / r) B A``, shape ``(d_out, d_in)``."""
+        return self.B @ self.A * self.scaling
+
+    def adapter_parameters(self) -> Iterator[nn.Parameter]:
+        yield from (self.A, self.B)
+
+    def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, A)``, in the roles of ``(P, Q)`` for the orthogonal regularizer."""
+        return self.B, self.A
+
+    def triplet_factors(self) -> tuple[torch.Tensor, None, torch.Tensor]:
+        """``(B, None, A)``: a doublet has no singular value."""
+        return self.B, None, self.A
+
+    def extra_repr(self) -> str:
+        return f"r={self.r}, scaling={self.scaling:g}"
