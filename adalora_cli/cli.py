@@ -25,8 +25,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="AdaLoRA and its baselines (Zhang et al., ICLR 2023): train, sweep, report.",
 )
-out = Console()
-err = Console(stderr=True)
+
+
+def out() -> Console:  # made per call so redirected or captured streams are honoured
+    return Console()
+
+
+def err() -> Console:
+    return Console(stderr=True)
+
+
+def _quiet_libraries() -> None:
+    """Our progress bar and one-line errors only: silence the libraries' load reports,
+    per-map progress bars and advisory warnings (real errors still raise)."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.utils.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
 
 
 @app.callback()
@@ -35,7 +54,7 @@ def main() -> None:
 
 
 def _fail(message: str, code: int) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err().print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -58,6 +77,7 @@ def train(
     """Fine-tune one model with one method on one task and write a run directory."""
     from . import train as training  # heavy imports only once the arguments parse
 
+    _quiet_libraries()
     try:
         cfg = load_config(config, overrides or [])
         if dry_run:
@@ -82,24 +102,28 @@ def train(
 
 def _print_dry_run(result: dict) -> None:
     table = Table(title="adapter modules", show_lines=False)
-    for col in ("module", "kind", "adapter params", "trainable"):
-        table.add_column(col, justify="right" if "param" in col or col == "trainable" else "left")
+    table.add_column("module", overflow="fold")
+    table.add_column("kind")
+    table.add_column("adapter params", justify="right")
+    table.add_column("trainable", justify="right")
     for row in result["table"]:
         table.add_row(row["module"], row["kind"], f"{row['adapter_params']:,}",
                       f"{row['trainable']:,}")
-    out.print(table)
+    console = out()
+    console.print(table)
     info = result["info"]
-    out.print(f"adapter params (the paper's # Params): {info['adapter_params']:,}  "
+    console.print(f"adapter params (the paper's # Params): {info['adapter_params']:,}  "
               f"head params: {info['head_params']:,}  matrices: {info['n_matrices']}")
     print(json.dumps(info), flush=True)  # last line: machine-readable
 
 
 def _print_result(path: Path) -> None:
     summary = json.loads((path / "summary.json").read_text())
+    console = out()
     for split, metrics in summary["metrics"].items():
         shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        out.print(f"{split}: {shown}")
-    out.print(f"run directory: {path}")
+        console.print(f"{split}: {shown}")
+    console.print(f"run directory: {path}")
 
 
 if __name__ == "__main__":  # pragma: no cover

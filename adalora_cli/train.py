@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from huggingface_hub.utils import HFValidationError
 from torch.utils.data import DataLoader
 
 from . import resources
@@ -93,7 +94,7 @@ def load_model(task, cfg: RunConfig):
     """The task's pretrained model and tokenizer; a missing model is a one-line error."""
     try:
         return task.build_model()
-    except OSError as err:
+    except (OSError, HFValidationError) as err:  # missing folder, unknown or unreachable hub id
         raise ConfigError(
             f"could not load model {cfg.model.name_or_path!r} ({first_line(err)}); "
             "set model.name_or_path to a local folder or check the network") from None
@@ -203,7 +204,7 @@ def _train_loop(cfg: RunConfig, task, model, tokenizer, data, handle: MethodHand
                 total = loss + handle.reg_weight * reg if reg is not None else loss
                 scaler.scale(total / t_cfg.grad_accum).backward()
                 micro += 1
-                loss_sum += float(loss)
+                loss_sum += float(loss.detach())
                 last_of_epoch = i == len(loader) - 1
                 if micro % t_cfg.grad_accum and not last_of_epoch:
                     continue
@@ -226,7 +227,7 @@ def _train_loop(cfg: RunConfig, task, model, tokenizer, data, handle: MethodHand
                 if "budget" in logs:
                     row["budget"] = int(logs["budget"])
                 if reg is not None:
-                    row["orth_reg"] = round(float(reg), 6)
+                    row["orth_reg"] = round(float(reg.detach()), 6)
                 if step % t_cfg.log_every == 0 or step == steps:
                     run.log(row)
                 progress.advance(row)
@@ -239,6 +240,8 @@ def _train_loop(cfg: RunConfig, task, model, tokenizer, data, handle: MethodHand
                     break
         train_seconds = time.perf_counter() - start
         results = evaluate_all(task, model, data, cfg, device, autocast, step, run, progress)
+        if hasattr(task, "save_predictions"):  # e.g. predictions.json for SQuAD
+            task.save_predictions(run.path)
 
     return _finish_outputs(cfg, model, tokenizer, handle, run, steps, results, train_seconds,
                            device)

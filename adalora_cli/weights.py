@@ -60,13 +60,17 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     """Rebuild a finished run's model with its trained weights: ``(model, tokenizer, cfg)``."""
     from .methods import apply_method
     from .tasks import get_task
-    from .train import load_model, resolve_resources
+    from .train import load_model, resolve_resources, seed_everything
 
     run_dir = Path(run_dir)
     cfg = resolve_resources(load_config(run_dir / CONFIG))
     if cfg.method.name == "full":
         cfg = dataclasses.replace(
             cfg, model=dataclasses.replace(cfg.model, name_or_path=str(run_dir / FULL_MODEL)))
+    # Weights a checkpoint lacks (e.g. BERT's pooler in a masked-LM checkpoint) are freshly
+    # initialized and stay frozen, so they are not saved: replay the run's seed so that
+    # the rebuilt model draws the same values.
+    seed_everything(cfg.train.seed)
     task = get_task(cfg)
     model, tokenizer = load_model(task, cfg)
     if cfg.method.name != "full":

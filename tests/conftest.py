@@ -6,11 +6,16 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 # Never reach for a hub: tests must pass with no network at all.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+# Tiny models run fastest on one thread, and several OpenMP threads spinning on a 2-core
+# CI machine slow every test down by an order of magnitude.
+torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -47,3 +47,7 @@ class Task(Protocol):
         """Metrics of one split, e.g. {"accuracy": 0.91}. ``autocast()`` returns the
         context manager the loop uses for mixed precision."""
         ...
+
+    # Optional: tasks whose evaluation produces predictions (SQuAD answers, summaries)
+    # also define ``save_predictions(run_dir: Path) -> list[Path]``; the loop calls it once
+    # after the final evaluation, so predictions land beside the metrics.

@@ -1,0 +1,159 @@
+"""Raw splits for any task: explicit local files, a local folder, or the hub.
+
+Every task family (GLUE, SQuAD, summarization) starts from the same question: which table
+holds each split? The answer comes from ``task.data_files`` (``{split: path}``), else from
+``task.data_dir`` (one ``<split>.<ext>`` file per split), else from the hub via
+``datasets.load_dataset(dataset_id, config_name)``. Local tables are read with pandas and
+handed on as in-memory :class:`datasets.Dataset` objects, so the rest of a task never cares
+where rows came from. Anything the user can fix (a missing file, folder, split or column,
+an unreachable hub) is raised as a one-line :class:`ConfigError` naming the path and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import datasets
+import pandas as pd
+import pyarrow as pa
+
+from adalora_cli.config import ConfigError, TaskConfig
+
+EXTENSIONS = ("tsv", "csv", "json", "jsonl", "parquet")
+"""File types a local split may have, in the order ``data_dir`` looks for them."""
+
+
+def read_table(path: str | Path) -> datasets.Dataset:
+    """One local file as an in-memory Dataset; the type comes from the file extension."""
+    path = Path(path)
+    ext = path.suffix.lower().lstrip(".")
+    if ext not in EXTENSIONS:
+        raise ConfigError(f"{path}: unsupported file type .{ext}; use one of "
+                          f"{', '.join('.' + e for e in EXTENSIONS)}")
+    if not path.is_file():
+        raise ConfigError(f"data file {path} does not exist; fix the path in task.data_files "
+                          "or task.data_dir")
+    try:
+        frame = _read_frame(path, ext)
+    except (ValueError, OSError, pd.errors.ParserError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"could not read {path} as .{ext}: {first}") from None
+    try:
+        return datasets.Dataset.from_pandas(frame, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:  # e.g. a column of ints and names
+        first = str(err).strip().splitlines()[0][:200]
+        raise ConfigError(f"{path}: a column mixes value types ({first}); write each "
+                          "column with one type") from None
+
+
+def _read_frame(path: Path, ext: str) -> pd.DataFrame:
+    # na_filter=False: words like "null", "NA" or "nan" are real text in GLUE, not missing.
+    if ext == "tsv":
+        # GLUE text contains unbalanced quote characters; with CSV quoting on, one stray
+        # quote silently merges the following rows into a single field.
+        return pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, na_filter=False)
+    if ext == "csv":
+        return pd.read_csv(path, na_filter=False)
+    if ext == "parquet":
+        return pd.read_parquet(path)
+    if ext == "jsonl":
+        return pd.read_json(path, lines=True, dtype=False)
+    # .json holds either an array of records or (as `Dataset.to_json` writes) JSON lines.
+    with path.open(encoding="utf-8") as handle:
+        head = handle.read(1024).lstrip()
+    if head.startswith("["):
+        return pd.DataFrame.from_records(json.loads(path.read_text(encoding="utf-8")))
+    return pd.read_json(path, lines=True, dtype=False)
+
+
+def find_split_files(data_dir: str | Path, splits: Sequence[str]) -> dict[str, Path]:
+    """``{split: <data_dir>/<split>.<ext>}`` for every requested split."""
+    folder = Path(data_dir)
+    if not folder.is_dir():
+        raise ConfigError(f"task.data_dir {folder} is not a folder; point it at a folder "
+                          f"holding {splits[0]}.tsv/.csv/.json/.jsonl/.parquet files")
+    found: dict[str, Path] = {}
+    for split in splits:
+        matches = [folder / f"{split}.{ext}" for ext in EXTENSIONS
+                   if (folder / f"{split}.{ext}").is_file()]
+        if not matches:
+            raise ConfigError(f"no {split}.{{{','.join(EXTENSIONS)}}} in {folder}; add that "
+                              f"file or map the split with task.data_files.{split}=PATH")
+        if len(matches) > 1:
+            names = ", ".join(m.name for m in matches)
+            raise ConfigError(f"{folder} has several files for split {split} ({names}); "
+                              "keep one")
+        found[split] = matches[0]
+    return found
+
+
+def load_splits(task: TaskConfig, splits: Sequence[str], *, dataset: str | None,
+                config_name: str | None = None) -> dict[str, datasets.Dataset]:
+    """The raw ``splits`` of a task, from local files if configured, else the hub.
+
+    ``dataset``/``config_name`` name the hub source (``task.dataset`` should already have
+    been applied by the caller); ``dataset=None`` means the task has no hub source, so
+    local files are required.
+    """
+    if task.data_files:
+        missing = [s for s in splits if s not in task.data_files]
+        if missing:
+            have = ", ".join(sorted(task.data_files)) or "nothing"
+            raise ConfigError(f"task.data_files has no entry for split {missing[0]} (it maps "
+                              f"{have}); add task.data_files.{missing[0]}=PATH")
+        return {s: read_table(task.data_files[s]) for s in splits}
+    if task.data_dir:
+        return {s: read_table(p) for s, p in find_split_files(task.data_dir, splits).items()}
+    if dataset is None:
+        raise ConfigError(f"task {task.name} needs local data: set task.data_dir or "
+                          "task.data_files")
+    return _load_hub(dataset, config_name, splits)
+
+
+def _load_hub(dataset: str, config_name: str | None,
+              splits: Sequence[str]) -> dict[str, datasets.Dataset]:
+    source = f"{dataset} ({config_name})" if config_name else dataset
+    try:
+        loaded = datasets.load_dataset(dataset, config_name)
+    except Exception as err:  # noqa: BLE001 - offline, missing repo, auth: all user-fixable
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(
+            f"could not load {source} from the hub ({type(err).__name__}: {first}); without "
+            f"internet set task.data_dir to a folder with {'/'.join(splits)} files"
+        ) from None
+    missing = [s for s in splits if s not in loaded]
+    if missing:
+        raise ConfigError(f"{source} has no split {missing[0]} (it has "
+                          f"{', '.join(loaded)}); use local files for it via task.data_files")
+    return {s: loaded[s] for s in splits}
+
+
+def describe_source(task: TaskConfig, split: str, *, dataset: str | None,
+                    config_name: str | None = None) -> str:
+    """Where ``split`` comes from, for messages and the run summary."""
+    if task.data_files and split in task.data_files:
+        return str(task.data_files[split])
+    if task.data_dir:
+        try:
+            return str(find_split_files(task.data_dir, [split])[split])
+        except ConfigError:
+            return f"{task.data_dir}/{split}.*"
+    name = f"{dataset}/{config_name}" if config_name else str(dataset)
+    return f"hub {name} split {split}"
+
+
+def require_columns(ds: datasets.Dataset, columns: Sequence[str], where: str) -> None:
+    """Fail early, naming the file or split, when a table lacks a column the task reads."""
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise ConfigError(f"{where} lacks column {missing[0]!r} (it has "
+                          f"{', '.join(ds.column_names)}); the task needs "
+                          f"{', '.join(columns)}")
+
+
+def take(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:
+    """The first ``n`` rows (all of them when ``n`` is None or larger than the split)."""
+    return ds if n is None or n >= len(ds) else ds.select(range(n))

@@ -1,0 +1,76 @@
+"""GLUE metrics computed with scikit-learn and scipy (SPEC section 9).
+
+The usual ``evaluate.load("glue", ...)`` fetches its metric scripts from the hub, which
+this project cannot reach, so the same definitions are written out here: accuracy, binary
+F1 with class 1 as the positive class, Matthews correlation, Pearson and Spearman
+correlation, and GLUE's "corr" (the mean of the two, reported for STS-B). Every function
+takes predictions and references as 1-D array-likes and returns a plain float.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from scipy import stats
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+
+def accuracy(predictions, references) -> float:
+    return float(accuracy_score(references, predictions))
+
+
+def f1(predictions, references) -> float:
+    """Binary F1 of class 1; 0.0 (not a warning) when nothing is predicted positive."""
+    return float(f1_score(references, predictions, pos_label=1, average="binary",
+                          zero_division=0))
+
+
+def matthews(predictions, references) -> float:
+    """Matthews correlation; 0.0 when either side is constant (sklearn's convention)."""
+    return float(matthews_corrcoef(references, predictions))
+
+
+def _correlation(fn: Callable, predictions, references) -> float:
+    # A constant prediction vector (an untrained regressor) has no correlation: report
+    # NaN, as scipy does, without its ConstantInputWarning flooding the log.
+    x, y = np.asarray(predictions, dtype=float), np.asarray(references, dtype=float)
+    if len(x) < 2:
+        return float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        value = fn(x, y)
+    return float(value.statistic if hasattr(value, "statistic") else value[0])
+
+
+def pearson(predictions, references) -> float:
+    return _correlation(stats.pearsonr, predictions, references)
+
+
+def spearman(predictions, references) -> float:
+    return _correlation(stats.spearmanr, predictions, references)
+
+
+def corr(predictions, references) -> float:
+    """GLUE's STS-B summary: the mean of Pearson and Spearman correlation."""
+    return (pearson(predictions, references) + spearman(predictions, references)) / 2
+
+
+METRICS: dict[str, Callable[..., float]] = {
+    "accuracy": accuracy,
+    "f1": f1,
+    "matthews": matthews,
+    "pearson": pearson,
+    "spearman": spearman,
+    "corr": corr,
+}
+"""Metric functions by the names used in metric dicts and run summaries."""
+
+
+def compute(names: Sequence[str], predictions, references) -> dict[str, float]:
+    """``{name: value}`` for each requested metric, in the order given."""
+    unknown = [n for n in names if n not in METRICS]
+    if unknown:
+        raise KeyError(f"unknown metric {unknown[0]!r}; known: {', '.join(METRICS)}")
+    return {name: METRICS[name](predictions, references) for name in names}

@@ -1,0 +1,178 @@
+"""The CLI end to end on the smoke config: run directory contents, schedule in the logs,
+dry run, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from adalora_cli import train as training
+from adalora_cli.cli import app
+from adalora_cli.rundir import is_finished, read_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = "configs/smoke/glue.yaml"
+runner = CliRunner()
+
+
+def run_cli(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def expected_budget(t: int, b0=48, bT=16, ti=4, tf=8, T=32) -> int:
+    """SPEC section 4, written out independently of the allocator."""
+    if t <= ti:
+        return b0
+    if t > T - tf:
+        return bT
+    frac = 1 - (t - ti) / (T - ti - tf)
+    return int(bT + (b0 - bT) * frac ** 3)
+
+
+@pytest.fixture(scope="module")
+def adalora_run(tmp_path_factory):
+    os.chdir(ROOT)
+    out = tmp_path_factory.mktemp("runs") / "adalora"
+    result = run_cli("train", SMOKE, "--run-dir", str(out), "--quiet")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_adalora_run_directory(adalora_run):
+    names = {p.name for p in adalora_run.iterdir()}
+    assert {"config.yaml", "metrics.jsonl", "summary.json", "status.json", "rank_pattern.json",
+            "rank_heatmap.png", "rank_history.jsonl", "adapter_model.safetensors"} <= names
+    assert is_finished(adalora_run)
+    summary = json.loads((adalora_run / "summary.json").read_text())
+    assert summary["task"] == "sst2" and summary["method"] == "adalora"
+    assert summary["total_steps"] == 32 and summary["seed"] == 0
+    # tiny BERT: hidden 32, intermediate 37, 2 layers; AdaLoRA r0 = 4: r0 * (d_in + d_out + 1)
+    per_layer = 4 * (4 * (32 + 32 + 1) + (32 + 37 + 1) + (37 + 32 + 1))
+    assert summary["adapter_params"] == 2 * per_layer
+    assert summary["n_matrices"] == 12
+    assert set(summary["metrics"]["validation"]) == {"accuracy"}
+    assert 0.0 <= summary["metrics"]["validation"]["accuracy"] <= 1.0
+    assert summary["peak_memory_bytes"] > 0 and summary["train_seconds"] > 0
+
+
+def test_rank_pattern_sums_to_budget(adalora_run):
+    pattern = json.loads((adalora_run / "rank_pattern.json").read_text())
+    assert len(pattern) == 12 and sum(pattern.values()) == 16
+    assert all(0 <= r <= 4 for r in pattern.values())
+    summary = json.loads((adalora_run / "summary.json").read_text())
+
+    def cost(path: str) -> int:  # d_in + d_out + 1 of the matrix at this path
+        if path.endswith("intermediate.dense"):
+            return 32 + 37 + 1
+        if path.endswith("output.dense") and not path.endswith("attention.output.dense"):
+            return 37 + 32 + 1
+        return 32 + 32 + 1
+    assert summary["final_adapter_params"] == sum(r * cost(p) for p, r in pattern.items())
+
+
+def test_metrics_follow_the_schedule(adalora_run):
+    rows = read_metrics(adalora_run)
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == list(range(1, 33))
+    assert [r["budget"] for r in train_rows] == [expected_budget(t) for t in range(1, 33)]
+    assert all(r["orth_reg"] >= 0 for r in train_rows)
+    evals = [r for r in rows if "split" in r]
+    assert [(r["step"], r["split"]) for r in evals] == [(16, "validation"), (32, "validation")]
+    history = [json.loads(line) for line in (adalora_run / "rank_history.jsonl").open()]
+    steps = [h["step"] for h in history]
+    # mask events: t_i < t <= T - t_f with t % delta_t == 0, then the freeze at T - t_f + 1
+    assert steps[:len(range(6, 25, 2))] == list(range(6, 25, 2))
+    for h in history:
+        assert sum(h["ranks"].values()) == expected_budget(h["step"])
+
+
+def test_saved_weights_reload_to_the_same_score(adalora_run):
+    from adalora_cli.weights import load_run
+
+    model, tokenizer, cfg = load_run(adalora_run)
+    task = training.get_task(training.resolve_resources(cfg))
+    data = task.load_data(tokenizer)
+    import contextlib
+
+    import torch
+    metrics = task.evaluate(model, "validation", data.eval_splits["validation"], batch_size=64,
+                            collate=data.collate, device=torch.device("cpu"),
+                            autocast=contextlib.nullcontext)
+    summary = json.loads((adalora_run / "summary.json").read_text())
+    assert metrics["accuracy"] == pytest.approx(summary["metrics"]["validation"]["accuracy"])
+
+
+@pytest.mark.parametrize("method", ["lora", "houlsby", "pfeiffer", "bitfit", "full"])
+def test_baselines_run(tmp_path, method, in_repo):
+    out = tmp_path / method
+    result = run_cli("train", SMOKE, f"method.name={method}", "train.epochs=1", "--run-dir",
+                     str(out), "--quiet")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == method and summary["total_steps"] == 8
+    assert not (out / "rank_pattern.json").exists()
+    assert (out / ("model" if method == "full" else "adapter_model.safetensors")).exists()
+
+
+def test_dry_run_ends_with_json(in_repo):
+    result = run_cli("train", SMOKE, "method.name=lora", "lora.r=8", "--dry-run")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout.strip().splitlines()[-1])  # stdout alone, no logs
+    # LoRA r = 8 on 12 matrices: 8 * (d_in + d_out) summed
+    assert info["adapter_params"] == 2 * 8 * (4 * 64 + 69 + 69)
+    assert info["n_matrices"] == 12
+    assert info["head_params"] > 0
+    assert "query" in result.output  # the per-module table
+
+
+def cli_subprocess(*args: str, cwd: Path = ROOT):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("ADALORA_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "adalora_cli.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("train", "configs/nope.yaml"), "does not exist"),
+    (("train", SMOKE, "adalora.budjet=3"), "unknown config key adalora.budjet"),
+    (("train", SMOKE, "adalora.t_init=20", "adalora.t_final=20"), "20"),
+    (("train", SMOKE, "adalora.budget=100"), "100"),
+    (("train", SMOKE, "model.name_or_path=tests/fixtures/no-such-model"), "no-such-model"),
+])
+def test_bad_input_one_line_no_traceback_no_run(tmp_path, args, fragment):
+    out = tmp_path / "run"
+    proc = cli_subprocess(*args, "--run-dir", str(out))
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    assert fragment in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_malformed_yaml(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: [unclosed\n")
+    proc = cli_subprocess("train", str(bad))
+    assert proc.returncode == 2 and "not valid YAML" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_failure_mid_run_marks_directory_failed(tmp_path, in_repo, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("evaluation exploded")
+    monkeypatch.setattr(training, "evaluate_all", broken)
+    out = tmp_path / "run"
+    result = run_cli("train", SMOKE, "method.name=lora", "train.epochs=1", "--run-dir", str(out),
+                     "--quiet")
+    assert result.exit_code == 1
+    assert "evaluation exploded" in result.output
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and "evaluation exploded" in status["error"]
+    assert not (out / "summary.json").exists()

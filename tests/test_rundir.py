@@ -1,0 +1,56 @@
+"""Run directory: never overwrites, status says failed/finished, summary written last."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adalora_cli.config import ConfigError, RunConfig, load_config
+from adalora_cli.rundir import RunDir, default_run_dir, is_finished, read_metrics
+
+
+def test_create_writes_config_and_running_status(tmp_path):
+    run = RunDir.create(tmp_path / "r", RunConfig())
+    assert (tmp_path / "r" / "config.yaml").is_file()
+    assert RunDir.read_status(run.path)["status"] == "running"
+    assert not is_finished(run.path)
+    # the saved config reads back to the same values
+    assert load_config(run.path / "config.yaml") == RunConfig()
+
+
+def test_never_overwrites_a_run(tmp_path):
+    RunDir.create(tmp_path / "r", RunConfig())
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        RunDir.create(tmp_path / "r", RunConfig())
+
+
+def test_failed_run_is_marked_and_not_finished(tmp_path):
+    run = RunDir.create(tmp_path / "r", RunConfig())
+    run.log({"step": 1, "loss": 0.5})
+    run.fail("RuntimeError: boom")
+    status = RunDir.read_status(run.path)
+    assert status["status"] == "failed" and status["error"] == "RuntimeError: boom"
+    assert not (run.path / "summary.json").exists()
+    assert not is_finished(run.path)
+
+
+def test_finish_writes_summary_and_metrics_lines(tmp_path):
+    run = RunDir.create(tmp_path / "r", RunConfig())
+    run.log({"step": 1, "loss": 0.5, "lr": 1e-3})
+    run.log({"step": 1, "split": "validation", "accuracy": 0.75})
+    run.log_ranks(1, {"a": 2, "b": 0})
+    run.finish({"task": "rte"})
+    assert is_finished(run.path)
+    assert read_metrics(run.path) == [{"step": 1, "loss": 0.5, "lr": 1e-3},
+                                      {"step": 1, "split": "validation", "accuracy": 0.75}]
+    assert json.loads((run.path / "summary.json").read_text()) == {"task": "rte"}
+    history = (run.path / "rank_history.jsonl").read_text().splitlines()
+    assert json.loads(history[0]) == {"step": 1, "ranks": {"a": 2, "b": 0}}
+
+
+def test_default_run_dirs_are_distinct(tmp_path):
+    first = default_run_dir(RunConfig(), tmp_path)
+    first.mkdir(parents=True)
+    second = default_run_dir(RunConfig(), tmp_path)
+    assert first != second and first.name.startswith("rte-adalora-s42-")
