@@ -53,6 +53,11 @@ def check_schedule(b0: int, bT: int, t_init: int, t_final: int, T: int) -> None:
             f"adalora.budget={bT} exceeds the initial budget b0={b0} (adapted matrices x "
             "initial rank); lower adalora.budget or raise the initial rank"
         )
+    if t_final < 1:
+        # Without a final phase the last mask event may fall before T (T % delta_t != 0),
+        # leaving a pattern above b(T); one frozen step guarantees the pattern is at b(T).
+        raise ConfigError(f"adalora.t_final must be >= 1 when pruning, got {t_final}; the "
+                          "final phase fixes the rank pattern at adalora.budget")
     if t_init + t_final >= T:
         raise ConfigError(
             f"rank schedule does not fit: adalora.t_init={t_init} + adalora.t_final={t_final} "

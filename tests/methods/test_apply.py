@@ -123,10 +123,12 @@ def test_handle_hooks() -> None:
     assert handle.reg_weight == 0.5 and handle.regularizer() > 0  # LoRA_regu on (B, A)
     svd_lora = run_config("adalora", adalora={"prune": False})
     assert apply_method(tiny_bert(), svd_lora, 100).after_step is None  # SVD-LoRA
-    handle = apply_method(tiny_bert(), run_config("adalora", adalora={"budget": 24}), 100)
+    handle = apply_method(tiny_bert(), run_config("adalora", adalora={"budget": 24, "t_final": 5}),
+                          100)
     assert handle.reg_weight == 0.1 and handle.after_step is not None
     assert handle.extras["allocator"].b0 == 6 * LAYERS * 4
-    prune_lora = run_config("lora", lora={"prune": True, "r": 2}, adalora={"budget": 10})
+    prune_lora = run_config("lora", lora={"prune": True, "r": 2},
+                            adalora={"budget": 10, "t_final": 5})
     assert apply_method(tiny_bert(), prune_lora, 100).extras["allocator"].b0 == 24
 
 

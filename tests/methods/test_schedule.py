@@ -52,6 +52,8 @@ def test_check_schedule_names_the_numbers() -> None:
     with pytest.raises(ConfigError, match=r"T=2400"):
         check_schedule(144, 72, 600, 1800, 2400)  # t_i + t_f == T is rejected too
     with pytest.raises(ConfigError, match=r"budget=200.*b0=144"):
-        check_schedule(144, 200, 0, 0, 100)
+        check_schedule(144, 200, 0, 10, 100)
     with pytest.raises(ConfigError, match=r"budget must be >= 1.*got 0"):
-        check_schedule(144, 0, 0, 0, 100)
+        check_schedule(144, 0, 0, 10, 100)
+    with pytest.raises(ConfigError, match=r"t_final must be >= 1 when pruning, got 0"):
+        check_schedule(144, 72, 0, 0, 100)  # no final phase: pattern could miss b(T)

@@ -1,0 +1,99 @@
+"""AdaLoRA / LoRA training-step time on the demo model, measured side by side.
+
+Both methods adapt the same 36 matrices of the pretrained MiniLM with the same rank
+(AdaLoRA r0 = LoRA r), train on the same batch of real review snippets, and run the
+whole optimizer step the loop runs: forward, loss (+ the orthogonal regularizer for
+AdaLoRA), backward, clipping, AdamW, and AdaLoRA's after-step (importance EMAs every
+step, a mask every delta_t). Rounds alternate between the two so machine noise lands on
+both; the ratio of medians is printed. Target: at most 1.03.
+
+    python benchmarks/step_time.py [--rank 4] [--rounds 12] [--steps 5] [--batch 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from adalora_cli.config import load_config
+from adalora_cli.methods import apply_method
+from adalora_cli.tasks import get_task
+from adalora_cli.train import load_model, resolve_resources
+
+DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo" / "rotten_tomatoes.yaml"
+
+
+def make_stepper(method: str, rank: int, total: int, batch: dict):
+    cfg = resolve_resources(load_config(DEMO, [
+        f"method.name={method}", f"adalora.init_rank={rank}", f"lora.r={rank}",
+        f"adalora.budget={rank * 18}", "adalora.t_init=0",
+        "adalora.delta_t=10", "adalora.t_final=1"]))
+    torch.manual_seed(0)
+    model, _ = load_model(get_task(cfg), cfg)
+    handle = apply_method(model, cfg, total)
+    model.train()
+    opt = torch.optim.AdamW(handle.trainable, lr=1e-4)
+    state = {"t": 0}
+
+    def step() -> None:
+        loss = model(**batch).loss
+        if handle.regularizer is not None:
+            loss = loss + handle.reg_weight * handle.regularizer()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(handle.trainable, 1.0)
+        opt.step()
+        state["t"] += 1
+        if handle.after_step is not None:
+            handle.after_step(state["t"])
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def real_batch(size: int) -> dict:
+    cfg = resolve_resources(load_config(DEMO))
+    task = get_task(cfg)
+    _, tokenizer = load_model(task, cfg)
+    data = task.load_data(tokenizer)
+    items = [data.train[i] for i in range(size)]
+    return data.collate(items)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=5, help="steps per round per method")
+    parser.add_argument("--batch", type=int, default=32)
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+
+    batch = real_batch(args.batch)
+    total = 2 + args.rounds * args.steps + 10
+    steppers = {m: make_stepper(m, args.rank, total, batch) for m in ("adalora", "lora")}
+    for s in steppers.values():  # warm-up: allocator buffers, autograd graph caches
+        s()
+        s()
+    times: dict[str, list[float]] = {m: [] for m in steppers}
+    for r in range(args.rounds):
+        order = ("adalora", "lora") if r % 2 == 0 else ("lora", "adalora")
+        for m in order:
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                steppers[m]()
+            times[m].append((time.perf_counter() - start) / args.steps)
+    med = {m: statistics.median(v) for m, v in times.items()}
+    print(f"demo model (MiniLM-L6, 36 matrices), rank {args.rank}, batch {args.batch}, "
+          f"{args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads")
+    for m in ("lora", "adalora"):
+        print(f"  {m:8s} median step {med[m] * 1000:8.1f} ms")
+    ratio = med["adalora"] / med["lora"]
+    print(f"AdaLoRA / LoRA step-time ratio: {ratio:.3f}  (target <= 1.03)")
+
+
+if __name__ == "__main__":
+    main()
