@@ -11,7 +11,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -65,13 +64,14 @@ def _debug() -> bool:
 @app.command(context_settings={"allow_extra_args": False})
 def train(
     config: Path = typer.Argument(..., help="YAML config, e.g. configs/glue/rte.yaml"),
-    overrides: Optional[list[str]] = typer.Argument(
+    overrides: list[str] | None = typer.Argument(
         None, help="key=value overrides with dotted keys, e.g. method.name=lora lora.r=8"),
-    run_dir: Optional[Path] = typer.Option(
+    run_dir: Path | None = typer.Option(
         None, "--run-dir", help="Output directory (default: runs/<task>-<method>-s<seed>-<time>); "
                                 "must not hold an earlier run."),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Build model and method, print the parameter table, train nothing."),
+        False, "--dry-run",
+        help="Build model and method, print the parameter table, train nothing."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Fine-tune one model with one method on one task and write a run directory."""

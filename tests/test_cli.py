@@ -135,7 +135,7 @@ def cli_subprocess(*args: str, cwd: Path = ROOT):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("ADALORA_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "adalora_cli.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
 
 
 @pytest.mark.parametrize("args, fragment", [

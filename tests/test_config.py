@@ -55,7 +55,8 @@ def test_glue_configs_carry_spec_values(task):
 def test_overrides_are_parsed_as_yaml():
     cfg = load_config(ROOT / "configs" / "glue" / "mnli.yaml",
                       ["method.name=lora", "lora.r=8", "train.seed=3",
-                       "train.learning_rate=1e-4", "method.target_modules=[query_proj, value_proj]"])
+                       "train.learning_rate=1e-4",
+                       "method.target_modules=[query_proj, value_proj]"])
     assert cfg.method.name == "lora"
     assert cfg.lora.r == 8 and isinstance(cfg.lora.r, int)
     assert cfg.train.seed == 3

@@ -73,7 +73,7 @@ class SVDLinear(nn.Module):
 
 
 def _gram_distances(layers: Iterable[nn.Module]) -> list[torch.Tensor]:
-    """``||L^T L - I||_F`` and ``||R R^T - I||_F`` for every layer, in order ``[L1, R1, L2, ...]``."""
+    """``||L^T L - I||_F`` and ``||R R^T - I||_F`` for every layer, as ``[L1, R1, L2, ...]``."""
     out = []
     for layer in layers:
         left, right = layer.factors()  # (d_out, r), (r, d_in)

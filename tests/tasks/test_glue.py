@@ -249,9 +249,10 @@ def test_tiny_model_learns_sst2_fixture():
     model, tokenizer = task.build_model()
     data = task.load_data(tokenizer)
     val = data.eval_splits["validation"]
-    evaluate = lambda: task.evaluate(model, "validation", val, batch_size=32,
-                                     collate=data.collate, device=CPU,
-                                     autocast=contextlib.nullcontext)["accuracy"]
+    def evaluate() -> float:
+        return task.evaluate(model, "validation", val, batch_size=32, collate=data.collate,
+                             device=CPU, autocast=contextlib.nullcontext)["accuracy"]
+
     before = evaluate()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loader = DataLoader(data.train, batch_size=16, shuffle=True, collate_fn=data.collate,
