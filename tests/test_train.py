@@ -1,0 +1,56 @@
+"""Training-loop arithmetic: T, the learning-rate schedule, and gradient accumulation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from adalora_cli.cli import app
+from adalora_cli.config import RunConfig, TrainConfig
+from adalora_cli.rundir import read_metrics
+from adalora_cli.train import linear_schedule, total_steps
+
+
+def cfg_with(**train) -> RunConfig:
+    return RunConfig(train=TrainConfig(**train))
+
+
+@pytest.mark.parametrize("n, batch, accum, epochs, max_steps, expected", [
+    (2490, 32, 1, 50, None, 78 * 50),     # RTE: ceil(2490 / 32) = 78 steps an epoch
+    (392702, 32, 1, 7, None, 12272 * 7),  # MNLI
+    (100, 8, 2, 3, None, 7 * 3),          # ceil(100 / 16) = 7 optimizer steps an epoch
+    (100, 8, 1, 0.5, None, 7),            # ceil(13 * 0.5)
+    (100, 8, 1, 3, 5, 5),                 # max_steps wins
+])
+def test_total_steps(n, batch, accum, epochs, max_steps, expected):
+    cfg = cfg_with(batch_size=batch, grad_accum=accum, epochs=epochs, max_steps=max_steps)
+    assert total_steps(n, cfg) == expected
+
+
+def test_linear_schedule_warms_up_then_decays_to_zero():
+    f = linear_schedule(warmup=4, total=12)
+    # LambdaLR calls f(0) for the first step; warm-up reaches 1 at the 4th step
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(4) == 1.0 and f(8) == 0.5 and f(12) == 0.0
+    assert linear_schedule(0, 10)(5) == 0.5
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path, in_repo):
+    out = tmp_path / "run"
+    # 64 examples, micro-batch 8, accum 2 -> 4 optimizer steps an epoch, 4 epochs -> T = 16
+    result = CliRunner().invoke(app, [
+        "train", "configs/smoke/glue.yaml", "train.grad_accum=2", "adalora.t_init=2",
+        "adalora.t_final=4", "adalora.delta_t=1", "train.eval_every=null", "--run-dir",
+        str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((Path(out) / "summary.json").read_text())
+    assert summary["total_steps"] == 16
+    rows = [r for r in read_metrics(out) if "loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, 17))
+    assert rows[-1]["budget"] == 16
+    # warm-up 2 steps then linear decay to 0 at T: lr(t) = base * (16 - t) / 14 after warm-up
+    assert rows[-1]["lr"] == pytest.approx(0.0)
+    assert rows[8]["lr"] == pytest.approx(0.005 * (16 - 9) / 14)
