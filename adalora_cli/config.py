@@ -29,7 +29,8 @@ class TaskConfig:
     """What to learn and where the data comes from."""
 
     name: str = "rte"
-    """Task key: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte) or rotten_tomatoes."""
+    """Task key: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), squad_v1, squad_v2,
+    xsum, cnn_dailymail, or an offline demo (rotten_tomatoes, bbc_news)."""
     dataset: str | None = None
     """Hub dataset id; None means the task's default (nyu-mll/glue for GLUE)."""
     data_dir: str | None = None
@@ -42,6 +43,29 @@ class TaskConfig:
     """Use only the first N training examples (quick experiments)."""
     max_eval_samples: int | None = None
     """Use only the first N examples of each evaluation split."""
+    doc_stride: int = 128
+    """SQuAD: tokens shared by consecutive windows of a context longer than max_length
+    (the question is repeated in every window; only the context is truncated)."""
+    n_best: int = 20
+    """SQuAD: start and end candidates per window searched for the answer span."""
+    max_answer_length: int = 30
+    """SQuAD: longest answer, in tokens, that decoding may predict."""
+    null_score_threshold: float = 0.0
+    """SQuAD v2: answer "" when the null (CLS) score beats the best span by more than this."""
+    max_target_length: int = 128
+    """Summarization: summary tokens kept as training labels (longer summaries are truncated);
+    the source is truncated to max_length."""
+    num_beams: int = 4
+    """Summarization: beam width of the generation that is scored (1 = greedy)."""
+    generation_max_length: int | None = None
+    """Summarization: most tokens generated per summary; None means max_target_length."""
+    generation_min_length: int = 0
+    """Summarization: fewest tokens generated before the end of the summary is allowed."""
+    length_penalty: float = 1.0
+    """Summarization: a beam's log-probability is divided by length ** length_penalty, so
+    values above 1 favour longer summaries."""
+    no_repeat_ngram_size: int = 0
+    """Summarization: never generate the same n-gram of this size twice; 0 disables."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +166,17 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class SweepMeta:
+    """Where a run sits in a sweep; filled in by ``adalora sweep``, empty for a lone run."""
+
+    name: str | None = None
+    """Name of the sweep that launched the run (its manifest's name or the config's stem)."""
+    budget_level: int | None = None
+    """The AdaLoRA final budget b(T) this run's size was matched to (SPEC section 7);
+    None for methods without a size (BitFit, full) and for runs outside a sweep."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -150,6 +185,7 @@ class RunConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    sweep: SweepMeta = field(default_factory=SweepMeta)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -239,7 +275,8 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            raise ConfigError(f"{path} must be one of {', '.join(map(str, choices))}; got {value!r}")
+            options = ", ".join(map(str, choices))
+            raise ConfigError(f"{path} must be one of {options}; got {value!r}")
         return value
     if origin is list:
         if not isinstance(value, list):
@@ -309,7 +346,8 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist; pass a path such as configs/glue/rte.yaml")
+        raise ConfigError(
+            f"config file {path} does not exist; pass a path such as configs/glue/rte.yaml")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
@@ -320,7 +358,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of sections (task:, model:, ...), not {type(data).__name__}")
+        raise ConfigError(f"{path} must hold a mapping of sections (task:, model:, ...), "
+                          f"not {type(data).__name__}")
     return data
 
 

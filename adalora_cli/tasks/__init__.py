@@ -13,10 +13,14 @@ from adalora_cli.config import ConfigError, RunConfig
 from adalora_cli.tasks.base import Task, TaskData
 from adalora_cli.tasks.glue import GLUE_SPECS, glue_task
 from adalora_cli.tasks.rotten_tomatoes import rotten_tomatoes_task
+from adalora_cli.tasks.squad import SQUAD_SPECS, squad_task
+from adalora_cli.tasks.summarization import SUMMARIZATION_SPECS, summarization_task
 
 TASKS: dict[str, Callable[[RunConfig], Task]] = {
     **{name: glue_task for name in GLUE_SPECS},
     "rotten_tomatoes": rotten_tomatoes_task,
+    **{name: squad_task for name in SQUAD_SPECS},
+    **{name: summarization_task for name in SUMMARIZATION_SPECS},
 }
 """Task name -> factory taking the run config."""
 

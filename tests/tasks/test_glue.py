@@ -72,7 +72,7 @@ def tokenizer():
 
 
 def test_every_glue_task_and_the_demo_are_registered():
-    assert set(TASKS) == set(HUB) | {"rotten_tomatoes"}
+    assert set(HUB) | {"rotten_tomatoes"} <= set(TASKS)
 
 
 def test_unknown_task_lists_valid_names():
