@@ -39,7 +39,8 @@ from .weights import save_weights
 def resolve_resources(cfg: RunConfig) -> RunConfig:
     """Turn ``package:`` paths into real paths (the demo's bundled weights and data)."""
     task = cfg.task
-    files = {k: resources.resolve(v) for k, v in task.data_files.items()} if task.data_files else None
+    files = ({k: resources.resolve(v) for k, v in task.data_files.items()}
+             if task.data_files else None)
     task = dataclasses.replace(
         task, data_files=files,
         data_dir=resources.resolve(task.data_dir) if task.data_dir else None)
@@ -243,11 +244,16 @@ def _train_loop(cfg: RunConfig, task, model, tokenizer, data, handle: MethodHand
         if hasattr(task, "save_predictions"):  # e.g. predictions.json for SQuAD
             task.save_predictions(run.path)
 
-    return _finish_outputs(cfg, model, tokenizer, handle, run, steps, results, train_seconds,
-                           device)
+    # epochs actually run (fractional under max_steps): the report's time per epoch
+    epochs = steps / math.ceil(len(loader) / t_cfg.grad_accum)
+    summary = _finish_outputs(cfg, model, tokenizer, handle, run, steps, results, train_seconds,
+                              device, epochs=epochs)
+    summary["data"] = data.info  # split sizes and sources: what T was computed from
+    return summary
 
 
-def _finish_outputs(cfg, model, tokenizer, handle, run, steps, results, train_seconds, device):
+def _finish_outputs(cfg, model, tokenizer, handle, run, steps, results, train_seconds, device,
+                    epochs=None):
     summary: dict[str, Any] = {
         "task": cfg.task.name,
         "method": cfg.method.name,
@@ -261,6 +267,8 @@ def _finish_outputs(cfg, model, tokenizer, handle, run, steps, results, train_se
         "train_seconds": round(train_seconds, 2),
         "peak_memory_bytes": _peak_memory(device),
         "device": str(device),
+        "epochs": round(epochs, 4) if epochs is not None else None,
+        "budget_level": cfg.sweep.budget_level,
     }
     allocator = handle.extras.get("allocator")
     if allocator is not None:

@@ -1,0 +1,165 @@
+"""The report's figures (PNG), one file per task and setting, from finished runs only.
+
+- Figure 3: the final rank of every adapted matrix, averaged over seeds, per task, method
+  and budget level (cells annotated with one decimal, since a mean rank need not be whole).
+- Figure 4: metric against "# Params", one line per method, error bars = sample std.
+- Figure 5: the orthogonality penalty R (``orth_reg`` in metrics.jsonl) over training,
+  mean over seeds with the min-max band. The paper plots the squared norms of single
+  matrices; R is what the loss used (SPEC section 2), so it is what we logged.
+
+A run whose rank pattern or metrics file is malformed is left out of its figure with a
+warning; it never stops the others.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from .heatmap import rank_grid
+from .report import METHOD_NAMES, Report, Table
+from .report_runs import Run
+from .rundir import RANK_PATTERN, read_metrics
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never needs a display
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _slug(*parts: object) -> str:
+    text = "_".join(str(p) for p in parts if p not in (None, ""))
+    return re.sub(r"[^A-Za-z0-9.=-]+", "-", text).strip("-")
+
+
+def _setting(run: Run) -> tuple:
+    return (run.task, run.method, run.budget_level, run.size)
+
+
+def _setting_name(method: str, level: int | None, size: str) -> str:
+    name = METHOD_NAMES.get(method, method)
+    return f"{name} b(T)={level}" if level is not None else f"{name} {size}".strip()
+
+
+def mean_rank_pattern(patterns: list[dict[str, float]]) -> dict[str, float]:
+    """Per matrix, the mean final rank over the seeds whose pattern has that matrix."""
+    keys = sorted({k for p in patterns for k in p})
+    return {k: statistics.fmean(p[k] for p in patterns if k in p) for k in keys}
+
+
+def rank_heatmaps(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for run in runs:
+        file = run.path / RANK_PATTERN
+        if not file.is_file():
+            continue
+        try:
+            pattern = json.loads(file.read_text())
+            groups[_setting(run)].append({str(k): float(v) for k, v in pattern.items()})
+        except (OSError, ValueError, TypeError, AttributeError):
+            warnings.append(f"{file}: not a {{module: rank}} mapping; left out of Figure 3")
+    paths = []
+    plt = _plt()
+    for (task, method, level, size), patterns in sorted(groups.items(), key=str):
+        rows, cols, grid = rank_grid(mean_rank_pattern(patterns))
+        fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * len(cols) + 2), 0.5 * len(rows) + 1.6))
+        image = ax.imshow(grid, cmap="YlGn", aspect="auto", vmin=0)
+        ax.set_xticks(range(len(cols)), cols, rotation=90 if len(cols) > 14 else 0, fontsize=8)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.set_xlabel("layer")
+        if len(cols) * len(rows) <= 400:
+            for r, line in enumerate(grid):
+                for c, value in enumerate(line):
+                    if value == value:  # not nan
+                        ax.text(c, r, f"{value:.1f}", ha="center", va="center", fontsize=6)
+        fig.colorbar(image, ax=ax, label="final rank (mean over seeds)")
+        ax.set_title(f"{task} {_setting_name(method, level, size)}: final rank, "
+                     f"mean of {len(patterns)} seed(s)", fontsize=9)
+        name = _slug(task, method, f"b{level}" if level is not None else size)
+        paths.append(_save(fig, out / f"fig3_rank_{name}.png"))
+    return paths
+
+
+def budget_curves(tables: list[Table], out: Path) -> list[Path]:
+    plt = _plt()
+    paths = []
+    for table in tables:
+        for task in dict.fromkeys(c.task for c in table.columns):
+            cols = [c for c in table.columns if c.task == task]
+            fig, axes = plt.subplots(1, len(cols), figsize=(4.2 * len(cols), 3.4), squeeze=False)
+            for ax, col in zip(axes[0], cols):
+                by_method: dict[str, list] = defaultdict(list)
+                for row in table.rows:
+                    cell = row.cells.get(col.key)
+                    if cell is not None:
+                        by_method[row.method].append((row.params, cell.mean, cell.std or 0.0))
+                for method, points in by_method.items():
+                    points.sort()
+                    x, y, err = zip(*points)
+                    ax.errorbar(x, y, yerr=err, marker="o", capsize=3,
+                                label=METHOD_NAMES.get(method, method))
+                xs = [p for pts in by_method.values() for p, _, _ in pts if p > 0]
+                if xs and max(xs) > 10 * min(xs):
+                    ax.set_xscale("log")
+                ax.set_xlabel("# Params (adapter)")
+                ax.set_ylabel(f"{col.title} {col.label}")
+                ax.grid(alpha=0.3)
+                ax.legend(fontsize=7)
+            fig.suptitle(f"{cols[0].title}: metric against # Params", fontsize=10)
+            paths.append(_save(fig, out / f"fig4_budget_{_slug(task)}.png"))
+    return paths
+
+
+def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
+    curves: dict[str, dict[tuple, list[dict[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        try:
+            rows = read_metrics(run.path)
+        except (OSError, ValueError):
+            warnings.append(f"{run.path}: metrics.jsonl unreadable; left out of Figure 5")
+            continue
+        series = {int(r["step"]): float(r["orth_reg"]) for r in rows
+                  if isinstance(r, dict) and "orth_reg" in r and "step" in r}
+        if series:
+            curves[run.task][_setting(run)[1:]].append(series)
+    plt = _plt()
+    paths = []
+    for task, settings in sorted(curves.items()):
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        for (method, level, size), runs_series in sorted(settings.items(), key=str):
+            steps = sorted(set.intersection(*(set(s) for s in runs_series)))
+            values = [[s[t] for s in runs_series] for t in steps]
+            ax.plot(steps, [statistics.fmean(v) for v in values],
+                    label=f"{_setting_name(method, level, size)} ({len(runs_series)} seeds)")
+            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
+        ax.set_yscale("log")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("orthogonality penalty R")
+        ax.set_title(f"{task}: orthogonal regularizer over training", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        paths.append(_save(fig, out / f"fig5_orth_{_slug(task)}.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _plt().close(fig)
+    return path
+
+
+def write_figures(report: Report, out: Path) -> tuple[list[Path], list[str]]:
+    """Write every figure into ``out``; returns the files and any warnings."""
+    out.mkdir(parents=True, exist_ok=True)
+    warnings: list[str] = []
+    paths = rank_heatmaps(report.runs, out, warnings)
+    paths += budget_curves(report.tables, out)
+    paths += orth_curves(report.runs, out, warnings)
+    return paths, warnings

@@ -1,0 +1,281 @@
+"""Sweep planning: configs x methods x budget levels x seeds -> one ``adalora train`` each.
+
+A budget level is AdaLoRA's final budget b(T). Every other method gets the matching size
+from SPEC section 7, computed from the number n of matrices the model adapts (so the same
+level means the same mean final rank rbar = b(T) / n on DeBERTa, BART or the smoke model).
+A sweep comes from one config plus ``--budget/--methods/--seeds``, or from a manifest in
+``experiments/`` (a YAML file with a ``runs:`` list of such groups). Running the plan lives
+in :mod:`adalora_cli.sweep_runner`; this module only decides what to run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+from .config import METHODS, ConfigError, load_config, read_yaml
+
+# SPEC section 7 table: AdaLoRA r0 for the tabulated rbar. ceil(1.5 * rbar) reproduces
+# 1 -> 2, 4 -> 6 and 8 -> 12, but gives 3 for rbar = 2 where the paper used 4.
+_R0_TABLE = {1: 2, 2: 4, 4: 6, 8: 12}
+SIZED = ("adalora", "lora", "houlsby", "pfeiffer")  # methods whose size follows the budget
+# Keys the sweep sets itself: a user override of these would break the grid.
+_RESERVED = ("method.name", "train.seed", "sweep.")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The matched size of every method at one budget level (SPEC section 7)."""
+
+    rbar: Fraction
+    init_rank: int
+    lora_r: int
+    houlsby_dim: int
+    pfeiffer_dim: int
+
+
+def _round_half_up(x: Fraction) -> int:
+    return max(1, math.floor(x + Fraction(1, 2)))
+
+
+def matched_sizes(budget: int, n: int) -> Sizes:
+    """Sizes for final budget ``budget`` over ``n`` adapted matrices.
+
+    A non-integer rbar (e.g. 8 / 12 on the smoke model) rounds to the nearest size, at
+    least 1; r0 rounds up so that b0 = n * r0 >= b(T) always holds."""
+    if budget < 1 or n < 1:
+        raise ConfigError(f"budget {budget} over {n} adapted matrices: both must be >= 1")
+    rbar = Fraction(budget, n)
+    if rbar.denominator == 1 and rbar.numerator in _R0_TABLE:
+        r0 = _R0_TABLE[rbar.numerator]
+    else:
+        r0 = max(1, math.ceil(Fraction(3, 2) * rbar))
+    return Sizes(rbar, r0, _round_half_up(rbar), _round_half_up(4 * rbar),
+                 _round_half_up(8 * rbar))
+
+
+def size_overrides(method: str, budget: int | None, n: int | None) -> list[str]:
+    """The ``key=value`` overrides that put ``method`` at budget level ``budget``."""
+    if budget is None or method not in SIZED:
+        return []
+    s = matched_sizes(budget, n or 0)
+    return {
+        "adalora": [f"adalora.budget={budget}", f"adalora.init_rank={s.init_rank}"],
+        "lora": [f"lora.r={s.lora_r}"],
+        "houlsby": [f"adapter.dim={s.houlsby_dim}"],
+        "pfeiffer": [f"adapter.dim={s.pfeiffer_dim}"],
+    }[method]
+
+
+@dataclass(frozen=True)
+class Group:
+    """One block of a sweep: every config x method x budget x seed."""
+
+    configs: list[Path]
+    methods: list[str]
+    budgets: list[int] | None
+    """None: run each config at its own sizes, with no budget level recorded."""
+    seeds: list[int]
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    groups: list[Group]
+    source: Path
+    """The config or manifest the sweep was read from."""
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    name: str
+    """Run directory name inside the sweep directory."""
+    config: Path
+    method: str
+    budget_level: int | None
+    seed: int
+    overrides: tuple[str, ...]
+    """Everything passed to ``adalora train`` after the config path."""
+    size: str
+    """The matched size in words, e.g. 'r0=4', 'r=2', 'd=8' ('' for BitFit and full)."""
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_int_list(text: str | None, option: str, minimum: int) -> list[int] | None:
+    """``"144,288"`` -> [144, 288]; a one-line ConfigError naming the option otherwise."""
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < minimum for v in values):
+        raise ConfigError(f"{option} takes a comma-separated list of integers >= {minimum}, "
+                          f"e.g. {option} 144,288; got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def parse_methods(text: str | list[str] | None) -> list[str] | None:
+    if text is None:
+        return None
+    items = text if isinstance(text, list) else text.split(",")
+    methods = [str(m).strip() for m in items if str(m).strip()]
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ConfigError(f"unknown method {bad[0] if bad else text!r}; "
+                          f"choose from {', '.join(METHODS)}")
+    return list(dict.fromkeys(methods))
+
+
+def _check_overrides(overrides: list[str], where: str) -> list[str]:
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if "=" not in item:
+            raise ConfigError(f"{where}: override {item!r} is not key=value")
+        if any(key == r or (r.endswith(".") and key.startswith(r)) for r in _RESERVED):
+            raise ConfigError(f"{where}: {key} is set by the sweep itself; "
+                              "use --methods / --seeds (or the manifest's methods / seeds)")
+    return list(overrides)
+
+
+def is_manifest(path: Path) -> bool:
+    return "runs" in read_yaml(path)
+
+
+def _group(raw: object, i: int, path: Path, seeds: list[int]) -> Group:
+    where = f"{path}: runs[{i}]"
+    if not isinstance(raw, dict) or "configs" not in raw or "methods" not in raw:
+        raise ConfigError(f"{where} must be a mapping with configs: and methods: lists")
+    unknown = sorted(set(raw) - {"configs", "methods", "budgets", "seeds", "overrides"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]}; "
+                          "valid keys: configs, methods, budgets, seeds, overrides")
+    configs = raw["configs"] if isinstance(raw["configs"], list) else [raw["configs"]]
+    as_text = ",".join(str(b) for b in raw["budgets"]) if raw.get("budgets") else None
+    group_seeds = raw.get("seeds")
+    return Group(
+        configs=[Path(str(c)) for c in configs],
+        methods=parse_methods(raw["methods"]) or [],
+        budgets=parse_int_list(as_text, f"{where} budgets", 1),
+        seeds=[int(s) for s in group_seeds] if group_seeds is not None else seeds,
+        overrides=_check_overrides([str(o) for o in raw.get("overrides") or []], where),
+    )
+
+
+def load_manifest(path: Path) -> SweepSpec:
+    data = read_yaml(path)
+    unknown = sorted(set(data) - {"name", "description", "seeds", "overrides", "runs"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown manifest key {unknown[0]}; "
+                          "valid keys: name, description, seeds, overrides, runs")
+    if not isinstance(data.get("runs"), list) or not data["runs"]:
+        raise ConfigError(f"{path}: runs: must be a non-empty list of groups")
+    seeds = [int(s) for s in data.get("seeds") or [0]]
+    shared = _check_overrides([str(o) for o in data.get("overrides") or []], str(path))
+    groups = [_group(raw, i, path, seeds) for i, raw in enumerate(data["runs"])]
+    groups = [Group(g.configs, g.methods, g.budgets, g.seeds, shared + g.overrides)
+              for g in groups]
+    return SweepSpec(str(data.get("name") or path.stem), groups, path)
+
+
+def build_spec(source: Path, budgets: str | None = None, methods: str | None = None,
+               seeds: str | None = None, overrides: list[str] | None = None) -> SweepSpec:
+    """A sweep from a config or a manifest. On a manifest, ``--budget`` and ``--seeds``
+    replace its lists and ``--methods`` keeps only the methods named."""
+    budget_list = parse_int_list(budgets, "--budget", 1)
+    method_list = parse_methods(methods)
+    seed_list = parse_int_list(seeds, "--seeds", 0)
+    extra = _check_overrides(list(overrides or []), "command line")
+    if is_manifest(source):
+        spec = load_manifest(source)
+        groups = []
+        for g in spec.groups:
+            kept = [m for m in g.methods if method_list is None or m in method_list]
+            if kept:
+                groups.append(Group(g.configs, kept,
+                                    budget_list if budget_list and g.budgets else g.budgets,
+                                    seed_list or g.seeds, g.overrides + extra))
+        if not groups:
+            raise ConfigError(f"--methods {methods} matches no run in {source}")
+        return SweepSpec(spec.name, groups, source)
+    cfg = load_config(source, extra)  # one-line error for a missing or bad config
+    group = Group([source], method_list or [cfg.method.name], budget_list,
+                  seed_list or [cfg.train.seed], extra)
+    return SweepSpec(f"{source.parent.name}-{source.stem}", [group], source)
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def count_matrices(config: Path, overrides: list[str], cache: dict) -> int:
+    """n: how many matrices AdaLoRA adapts in this config's model (a dry run, cached)."""
+    cfg = load_config(config, [*overrides, "method.name=adalora"])
+    key = (cfg.model.name_or_path, tuple(cfg.method.target_modules or ()))
+    if key not in cache:
+        from .train import dry_run  # heavy: only when a budget must be matched
+        cache[key] = dry_run(cfg)["info"]["n_matrices"]
+    return cache[key]
+
+
+def _stems(configs: list[Path]) -> dict[Path, str]:
+    """Short, unique names for configs: the stem, or parent-stem when stems collide."""
+    stems = {}
+    for c in configs:
+        clash = any(o.stem == c.stem and o != c for o in configs)
+        stems[c] = f"{c.parent.name}-{c.stem}" if clash else c.stem
+    return stems
+
+
+def _size_words(overrides: list[str]) -> str:
+    labels = {"adalora.init_rank": "r0", "lora.r": "r", "adapter.dim": "d"}
+    return " ".join(f"{labels[k]}={v}" for k, _, v in (o.partition("=") for o in overrides)
+                    if k in labels)
+
+
+def plan(spec: SweepSpec, n_cache: dict | None = None) -> list[PlannedRun]:
+    """Every run of the sweep, each config validated; duplicates (e.g. BitFit named in two
+    groups) collapse into one run."""
+    n_cache = {} if n_cache is None else n_cache
+    configs = [c for g in spec.groups for c in g.configs]
+    for c in configs:
+        if not c.is_file():
+            raise ConfigError(f"{spec.source}: config {c} does not exist; "
+                              "fix the path (or write that config first)")
+    stems = _stems(list(dict.fromkeys(configs)))
+    runs: dict[str, PlannedRun] = {}
+    for g in spec.groups:
+        for config in g.configs:
+            n = (count_matrices(config, g.overrides, n_cache)
+                 if g.budgets and any(m in SIZED for m in g.methods) else None)
+            for method in g.methods:
+                levels = g.budgets if g.budgets and method in SIZED else [None]
+                for level in levels:
+                    sized = size_overrides(method, level, n)
+                    for seed in g.seeds:
+                        run = _planned(spec, config, stems[config], method, level, seed,
+                                       sized, g.overrides)
+                        _add(runs, run)
+    return list(runs.values())
+
+
+def _planned(spec: SweepSpec, config: Path, stem: str, method: str, level: int | None,
+             seed: int, sized: list[str], extra: list[str]) -> PlannedRun:
+    name = f"{stem}-{method}" + (f"-b{level}" if level is not None else "") + f"-s{seed}"
+    overrides = (f"method.name={method}", *sized, f"train.seed={seed}",
+                 f"sweep.name={spec.name}",
+                 f"sweep.budget_level={level if level is not None else 'null'}", *extra)
+    load_config(config, list(overrides))  # every run's config is valid before any starts
+    return PlannedRun(name, config, method, level, seed, overrides, _size_words(sized))
+
+
+def _add(runs: dict[str, PlannedRun], run: PlannedRun) -> None:
+    earlier = runs.get(run.name)
+    if earlier is not None and earlier.overrides != run.overrides:
+        raise ConfigError(f"two different runs would share the directory {run.name}; "
+                          "give their configs different file names")
+    runs[run.name] = run
