@@ -17,37 +17,26 @@ from typing import Literal
 import torch
 from torch import nn
 
+from adalora_cli.methods.base import LinearWrapper, optional_dropout
+
 RegForm = Literal["code", "paper"]
 
 
-def _dropout(p: float) -> nn.Module:
-    return nn.Dropout(p) if p > 0 else nn.Identity()
-
-
-class SVDLinear(nn.Module):
+class SVDLinear(LinearWrapper):
     """``h = W0 x + b + (alpha / r0) * P diag(lam) Q dropout(x)`` around a frozen linear."""
 
     def __init__(self, base: nn.Linear, r0: int, alpha: float, dropout: float = 0.0):
-        super().__init__()
-        self.base = base
+        super().__init__(base)
         self.r0 = r0
         # alpha / r0 with the *initial* rank; it does not follow the pruned rank (SPEC §1).
         self.scaling = alpha / r0
-        self.dropout = _dropout(dropout)
+        self.dropout = optional_dropout(dropout)
         w = base.weight  # (d_out, d_in)
         d_out, d_in = w.shape
         kw = {"device": w.device, "dtype": w.dtype}
         self.P = nn.Parameter(torch.empty(d_out, r0, **kw).normal_(0.0, 0.02))  # (d_out, r0)
         self.lam = nn.Parameter(torch.zeros(r0, **kw))  # (r0,); 0 so Delta W = 0 at step 0
         self.Q = nn.Parameter(torch.empty(r0, d_in, **kw).normal_(0.0, 0.02))  # (r0, d_in)
-
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Eq. 3, applied right to left so no (d_out, d_in) matrix is ever formed.

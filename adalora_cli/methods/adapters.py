@@ -15,35 +15,28 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from adalora_cli.methods.base import LinearWrapper, optional_dropout
 
-class BottleneckAdapter(nn.Module):
+
+class BottleneckAdapter(LinearWrapper):
     """``y + up(dropout(act(down(y))))`` with ``y = base(x)``; d_model -> dim -> d_model."""
 
     activation: type[nn.Module] = nn.ReLU
 
     def __init__(self, base: nn.Linear, dim: int, dropout: float = 0.0):
-        super().__init__()
-        self.base = base
+        super().__init__(base)
         w = base.weight  # (d_model, d_in): the adapter sees the projection's output
         d_model = w.shape[0]
         kw = {"device": w.device, "dtype": w.dtype}
         self.down = nn.Linear(d_model, dim, **kw)  # weight (dim, d_model)
         self.up = nn.Linear(dim, d_model, **kw)  # weight (d_model, dim)
         self.act = self.activation()
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.dropout = optional_dropout(dropout)
         with torch.no_grad():
             self.down.weight.normal_(0.0, 0.02)
             self.down.bias.zero_()
             self.up.weight.zero_()  # the adapter starts as the identity map
             self.up.bias.zero_()
-
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)

@@ -24,6 +24,28 @@ class AdapterModule(Protocol):
     def adapter_parameters(self) -> Iterator[nn.Parameter]: ...
 
 
+class LinearWrapper(nn.Module):
+    """Wraps a frozen ``nn.Linear`` (``self.base``) and keeps its shape visible, so code
+    that reads ``in_features`` / ``out_features`` keeps working after injection."""
+
+    def __init__(self, base: nn.Linear):
+        super().__init__()
+        self.base = base
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+
+def optional_dropout(p: float) -> nn.Module:
+    """Dropout when p > 0; an identity (no RNG use, no copy) otherwise."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 def adapter_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every adapter module in the model, with its module path, in model order."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, AdapterModule)]

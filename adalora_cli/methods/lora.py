@@ -14,16 +14,17 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from adalora_cli.methods.base import LinearWrapper, optional_dropout
 
-class LoRALinear(nn.Module):
+
+class LoRALinear(LinearWrapper):
     """A frozen ``nn.Linear`` plus the low-rank update ``(alpha / r) B A``."""
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
-        super().__init__()
-        self.base = base
+        super().__init__(base)
         self.r = r
         self.scaling = alpha / r
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.dropout = optional_dropout(dropout)
         w = base.weight  # (d_out, d_in)
         d_out, d_in = w.shape
         kw = {"device": w.device, "dtype": w.dtype}
@@ -31,14 +32,6 @@ class LoRALinear(nn.Module):
         self.B = nn.Parameter(torch.zeros(d_out, r, **kw))  # (d_out, r)
         # fan_in = d_in, exactly as nn.Linear(d_in, r) would initialise its weight.
         nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
-
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = self.dropout(x) @ self.A.T  # (..., r)
