@@ -16,7 +16,9 @@ import dataclasses
 import math
 import random
 import resource
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -155,6 +157,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
 
     run = RunDir.create(run_dir or default_run_dir(cfg), cfg)
+    _raise_on_sigterm()
     try:
         summary = _train_loop(cfg, task, model, tokenizer, data, handle, steps, run, quiet)
     except BaseException as err:
@@ -168,6 +171,20 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
         raise
     run.finish(summary)
     return run.path
+
+
+class Terminated(Exception):
+    """The process got SIGTERM (a scheduler, `kill`, a sweep being stopped)."""
+
+
+def _raise_on_sigterm() -> None:
+    """Turn SIGTERM into an exception, so a killed run is marked failed, not left 'running'."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be installed from the main thread
+
+    def handler(signum, frame):
+        raise Terminated("terminated by SIGTERM")
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _train_loop(cfg: RunConfig, task, model, tokenizer, data, handle: MethodHandle, steps: int,

@@ -176,3 +176,23 @@ def test_failure_mid_run_marks_directory_failed(tmp_path, in_repo, monkeypatch):
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "failed" and "evaluation exploded" in status["error"]
     assert not (out / "summary.json").exists()
+
+
+def test_sigterm_marks_the_run_failed(tmp_path):
+    import signal
+    import time
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adalora_cli.cli", "train", SMOKE, "method.name=lora",
+         "train.epochs=400", "--run-dir", str(out), "--quiet"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.2)  # wait until training has started
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and "SIGTERM" in status["error"]
+    assert "Traceback" not in stderr and not (out / "summary.json").exists()
