@@ -70,6 +70,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps per round per method")
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
+    import transformers
+    transformers.utils.logging.set_verbosity_error()  # no load reports between the numbers
+    transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     batch = real_batch(args.batch)
