@@ -115,8 +115,9 @@ def parse_int_list(text: str | None, option: str, minimum: int) -> list[int] | N
     except ValueError:
         values = []
     if not values or any(v < minimum for v in values):
+        example = "0,1,2" if "seed" in option else "144,288"
         raise ConfigError(f"{option} takes a comma-separated list of integers >= {minimum}, "
-                          f"e.g. {option} 144,288; got {text!r}")
+                          f"e.g. {option} {example}; got {text!r}")
     return list(dict.fromkeys(values))
 
 

@@ -229,9 +229,13 @@ def _train_loop(cfg: RunConfig, task, model, tokenizer, data, handle: MethodHand
                 step_loss = loss_sum / micro
                 micro, loss_sum = 0, 0.0
                 step += 1
-                if t_cfg.max_grad_norm > 0:
+                if scaler.is_enabled():
+                    # Unscale always, not only to clip: the allocator's |w * grad| (Eq. 8)
+                    # must see true gradients, not ones multiplied by a moving loss scale.
                     scaler.unscale_(optimizer)
+                if t_cfg.max_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(params, t_cfg.max_grad_norm)
+                lr = optimizer.param_groups[0]["lr"]  # the rate this step used
                 scaler.step(optimizer)
                 scaler.update()
                 scheduler.step()
@@ -240,8 +244,7 @@ def _train_loop(cfg: RunConfig, task, model, tokenizer, data, handle: MethodHand
 
                 if "ranks" in logs:
                     run.log_ranks(step, logs["ranks"])
-                row = {"step": step, "loss": round(step_loss, 6),
-                       "lr": scheduler.get_last_lr()[0]}
+                row = {"step": step, "loss": round(step_loss, 6), "lr": lr}
                 if "budget" in logs:
                     row["budget"] = int(logs["budget"])
                 if reg is not None:

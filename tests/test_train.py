@@ -51,6 +51,8 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path, in_repo):
     rows = [r for r in read_metrics(out) if "loss" in r]
     assert [r["step"] for r in rows] == list(range(1, 17))
     assert rows[-1]["budget"] == 16
-    # warm-up 2 steps then linear decay to 0 at T: lr(t) = base * (16 - t) / 14 after warm-up
-    assert rows[-1]["lr"] == pytest.approx(0.0)
-    assert rows[8]["lr"] == pytest.approx(0.005 * (16 - 9) / 14)
+    # the rate each step used: warm-up over 2 steps (1/2, then 1), then linear decay that
+    # would reach 0 at T: step t uses base * (16 - (t - 1)) / 14
+    assert [r["lr"] for r in rows[:3]] == pytest.approx([0.0025, 0.005, 0.005 * 14 / 14])
+    assert rows[8]["lr"] == pytest.approx(0.005 * (16 - 8) / 14)
+    assert rows[-1]["lr"] == pytest.approx(0.005 * 1 / 14)
