@@ -61,42 +61,89 @@ def _debug() -> bool:
     return os.environ.get("ADALORA_DEBUG", "") not in ("", "0")
 
 
+EXIT_FAILED, EXIT_USAGE, EXIT_BUSY, EXIT_PREEMPTED = 1, 2, 73, 75
+"""Exit codes: 73 (EX_CANTCREAT) another live process owns the run; 75 (EX_TEMPFAIL) the
+run stopped on a signal with a checkpoint and can be resumed."""
+
+
 @app.command(context_settings={"allow_extra_args": False})
 def train(
-    config: Path = typer.Argument(..., help="YAML config, e.g. configs/glue/rte.yaml"),
+    config: str | None = typer.Argument(
+        None, help="YAML config, e.g. configs/glue/rte.yaml (omit with --resume)"),
     overrides: list[str] | None = typer.Argument(
         None, help="key=value overrides with dotted keys, e.g. method.name=lora lora.r=8"),
     run_dir: Path | None = typer.Option(
         None, "--run-dir", help="Output directory (default: runs/<task>-<method>-s<seed>-<time>); "
                                 "must not hold an earlier run."),
+    resume: Path | None = typer.Option(
+        None, "--resume", help="Continue this unfinished run directory from its latest "
+                               "checkpoint (its own config; only where-and-how overrides "
+                               "such as train.save_every or train.device are accepted)."),
     dry_run: bool = typer.Option(
         False, "--dry-run",
         help="Build model and method, print the parameter table, train nothing."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
-    """Fine-tune one model with one method on one task and write a run directory."""
-    from . import train as training  # heavy imports only once the arguments parse
+    """Fine-tune one model with one method on one task and write a run directory.
 
+    Checkpoints go to RUN_DIR/checkpoints every train.save_every steps and on SIGTERM or
+    SIGUSR1 (the run is then marked preempted, exit code 75); `adalora train --resume RUN_DIR`
+    continues it exactly where it stopped."""
+    from .engine import build, loop  # heavy imports only once the arguments parse
+    from .lifecycle import die_with_parent
+    from .rundir import RunBusy
+
+    die_with_parent()  # started by a sweep: stop (with a checkpoint) if the sweep dies
     _quiet_libraries()
+    extra = list(overrides or [])
     try:
-        cfg = load_config(config, overrides or [])
-        if dry_run:
-            _print_dry_run(training.dry_run(cfg))
-            return
-        path = training.train(cfg, run_dir, quiet=quiet)
+        if resume is not None:
+            if run_dir is not None or dry_run:
+                raise ConfigError("--resume continues an existing run: drop --run-dir and "
+                                  "--dry-run")
+            if config is not None:  # `train --resume DIR key=value`: no config is taken
+                if "=" not in config:
+                    raise ConfigError(f"--resume takes its config from {resume}; drop "
+                                      f"{config!r} (only key=value overrides may follow)")
+                extra.insert(0, config)
+            from .config import resume_config
+            from .rundir import CONFIG
+
+            loop.RunDir.check_claimable(resume)
+            cfg = resume_config(resume / CONFIG, extra)
+            path = loop.resume(resume, cfg, quiet=quiet,
+                               note=lambda text: err().print(f"[yellow]note:[/] {text}",
+                                                             highlight=False, soft_wrap=True))
+        else:
+            if config is None:
+                raise ConfigError("pass a config (adalora train configs/glue/rte.yaml) or "
+                                  "--resume RUN_DIR")
+            cfg = load_config(config, extra)
+            if dry_run:
+                _print_dry_run(build.dry_run(cfg))
+                return
+            path = loop.train(cfg, run_dir, quiet=quiet)
     except ConfigError as e:
         if _debug():
             raise
-        _fail(str(e), 2)
-    except KeyboardInterrupt:
-        _fail("interrupted; the run directory is marked failed", 130)
+        _fail(str(e), EXIT_USAGE)
+    except RunBusy as e:
+        _fail(f"{e}; wait for it, or stop that process first", EXIT_BUSY)
+    except loop.Preempted as e:
+        where = getattr(e, "run_dir", None)
+        _fail(f"{e}" if where else f"{e} before the run started; nothing was written",
+              EXIT_PREEMPTED)
+    except KeyboardInterrupt as e:
+        where = getattr(e, "run_dir", None)
+        _fail("interrupted; the run directory is marked failed"
+              + (f" (resume it with adalora train --resume {where})" if where else ""), 130)
     except Exception as e:  # a run that broke mid-way: one line, the directory says failed
         if _debug():
             raise
         where = getattr(e, "run_dir", None)
         suffix = f" (run directory marked failed: {where})" if where else ""
-        _fail(f"{type(e).__name__}: {training.first_line(e)}{suffix}; "
-              "rerun with ADALORA_DEBUG=1 for the traceback", 1)
+        _fail(f"{type(e).__name__}: {build.first_line(e)}{suffix}; "
+              "rerun with ADALORA_DEBUG=1 for the traceback", EXIT_FAILED)
     _print_result(path)
 
 
@@ -152,9 +199,10 @@ def sweep(
 ) -> None:
     """Run a grid of configs x methods x budgets x seeds, one `adalora train` per run.
 
-    Re-running the same sweep skips finished runs and reruns unfinished ones."""
+    Re-running the same sweep skips finished runs and resumes unfinished ones from their
+    checkpoints; two sweeps on one sweep directory share the runs."""
     from . import sweep as sweeps
-    from .sweep_runner import describe, execute
+    from .sweep_runner import SweepStopped, describe, execute
 
     _quiet_libraries()
     try:
@@ -163,6 +211,9 @@ def sweep(
         spec = sweeps.build_spec(source, budget, methods, seeds, overrides or [])
         runs = sweeps.plan(spec)
         where = sweep_dir or Path("runs") / spec.name
+        if where.exists() and not where.is_dir():
+            raise ConfigError(f"--sweep-dir {where} is a file; pass a folder (it is created "
+                              "if missing)")
         if dry_run:
             _print_sweep_plan(describe(runs, where), where)
             return
@@ -171,20 +222,33 @@ def sweep(
         if _debug():
             raise
         _fail(str(e), 2)
-    except KeyboardInterrupt:
-        _fail("interrupted; unfinished runs are rerun when the sweep is started again", 130)
+    except OSError as e:
+        if _debug():
+            raise
+        _fail(_os_error(e), 1)
+    except (KeyboardInterrupt, SweepStopped) as e:
+        why = "stopped by SIGTERM" if isinstance(e, SweepStopped) else "interrupted"
+        _fail(f"{why}; running runs were checkpointed and are resumed when the sweep is "
+              "started again", 130 if isinstance(e, KeyboardInterrupt) else 143)
     counts = {s: sum(o.status == s for o in outcomes)
-              for s in ("finished", "skipped", "busy", "failed")}
+              for s in ("finished", "skipped", "busy", "preempted", "failed")}
     out().print(f"{len(outcomes)} runs: {counts['finished']} finished now, {counts['skipped']} "
                 f"finished earlier (skipped), {counts['busy']} running elsewhere, "
-                f"{counts['failed']} failed; sweep directory: {where}", highlight=False,
-                soft_wrap=True)
+                f"{counts['preempted']} preempted, {counts['failed']} failed; sweep "
+                f"directory: {where}", highlight=False, soft_wrap=True)
     for o in outcomes:
-        if o.status == "failed":
-            err().print(f"failed: {o.run.name}: {o.error} (log: {where}/logs/{o.run.name}.log)",
+        if o.status in ("failed", "preempted"):
+            err().print(f"{o.status}: {o.run.name}: {o.error} (log: {where}/logs/"
+                        f"{o.run.name}.log); rerun the sweep to resume it",
                         highlight=False, soft_wrap=True)
-    if counts["failed"]:
+    if counts["failed"] or counts["preempted"]:
         raise typer.Exit(1)
+
+
+def _os_error(e: OSError) -> str:
+    """One line for a file-system error: what failed, on which path."""
+    where = f" ({e.filename})" if e.filename else ""
+    return f"{e.strerror or type(e).__name__}{where}; check the path and free disk space"
 
 
 def _print_sweep_plan(rows: list[dict], where: Path) -> None:
@@ -227,6 +291,9 @@ def report(
         missing = [p for p in paths if not p.exists()]
         if missing:
             raise ConfigError(f"{missing[0]} does not exist; pass run directories or runs/")
+        if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+            raise ConfigError(f"--out {out_dir} is a file; pass a folder for the report "
+                              "(it is created if missing)")
         result = build_report(list(paths), show_paper=paper)
         for path, reason in result.skipped:
             err().print(f"[yellow]warning:[/] skipped {path}: {reason}", highlight=False,
@@ -240,6 +307,10 @@ def report(
         if _debug():
             raise
         _fail(str(e), 2)
+    except OSError as e:
+        if _debug():
+            raise
+        _fail(_os_error(e), 1)
 
 
 def _emit_report(result, formats: list[str], out_dir: Path | None, figures: bool) -> None:

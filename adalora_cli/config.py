@@ -8,6 +8,7 @@ their full dotted path, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -163,6 +164,15 @@ class TrainConfig:
     """Write a training row to metrics.jsonl every N optimizer steps."""
     save_weights: bool = True
     """Write the trained weights (adapter + head, or the whole model for 'full')."""
+    save_every: int = 0
+    """Checkpoint every N optimizer steps (0: only once training ends, before the final
+    evaluation). A stop signal (SIGTERM, SIGUSR1) always checkpoints."""
+    keep_checkpoints: int = 1
+    """Checkpoints kept in checkpoints/ while the run is unfinished (the newest ones); a
+    finished run deletes them and keeps its final weights."""
+    group_by_length: bool = False
+    """Batch training examples of similar length together (less padding, faster); off by
+    default because it changes which examples share a batch."""
 
 
 @dataclass(frozen=True)
@@ -199,8 +209,20 @@ def _check(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_finite(obj: Any, prefix: str) -> None:
+    """inf or nan in any number field is a typo, never a setting."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, path)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{path} must be a finite number, got {value}")
+
+
 def validate(cfg: RunConfig) -> None:
-    """Checks that need no data. The schedule against T is checked in train.py."""
+    """Checks that need no data. The schedule against T is checked when the method is built."""
+    _check_finite(cfg, "")
     a, lo, t = cfg.adalora, cfg.lora, cfg.train
     _check(a.init_rank >= 1, f"adalora.init_rank must be >= 1, got {a.init_rank}")
     _check(a.budget >= 0, f"adalora.budget must be >= 0, got {a.budget}")
@@ -223,6 +245,10 @@ def validate(cfg: RunConfig) -> None:
            f"train.max_steps must be >= 1 when set, got {t.max_steps}")
     _check(t.eval_every is None or t.eval_every >= 1, "train.eval_every must be >= 1 when set")
     _check(t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}")
+    _check(t.save_every >= 0, f"train.save_every must be >= 0 (0: only at the end), got "
+                              f"{t.save_every}")
+    _check(t.keep_checkpoints >= 1,
+           f"train.keep_checkpoints must be >= 1, got {t.keep_checkpoints}")
     _check(cfg.task.max_length >= 8, f"task.max_length must be >= 8, got {cfg.task.max_length}")
 
 
@@ -345,6 +371,9 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not a config file; pass a YAML file such "
+                          "as configs/glue/rte.yaml")
     if not path.is_file():
         raise ConfigError(
             f"config file {path} does not exist; pass a path such as configs/glue/rte.yaml")
@@ -356,7 +385,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         problem = getattr(err, "problem", None) or "invalid YAML"
         raise ConfigError(f"{path} is not valid YAML{where}: {problem}; fix the file") from None
     if data is None:
-        return {}
+        raise ConfigError(f"{path} is empty; write the task:, model:, method: and train: "
+                          "sections (see configs/glue/rte.yaml)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of sections (task:, model:, ...), "
                           f"not {type(data).__name__}")
@@ -367,6 +397,25 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     """Read a YAML config, apply ``key=value`` overrides, and validate."""
     data = apply_overrides(read_yaml(path), list(overrides or []))
     return from_dict(data)
+
+
+RESUMABLE_KEYS = ("train.save_every", "train.keep_checkpoints", "train.device",
+                  "train.eval_batch_size", "log.")
+"""Overrides a resumed run accepts: where and how it runs, not what it computes."""
+
+
+def resume_config(path: str | Path, overrides: list[str]) -> RunConfig:
+    """A run directory's config with the overrides ``--resume`` allows; others are refused
+    by name, since they would change what the run means half-way."""
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if not key.startswith(RESUMABLE_KEYS) or key.endswith("."):
+            raise ConfigError(
+                f"{key} cannot change when resuming (it would change what the run computes); "
+                "start a new run instead, or override only "
+                + ", ".join(k.rstrip(".") + ("*" if k.endswith(".") else "")
+                            for k in RESUMABLE_KEYS))
+    return load_config(path, overrides)
 
 
 def dump_config(cfg: RunConfig) -> str:

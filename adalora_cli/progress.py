@@ -19,8 +19,8 @@ from rich.progress import (
 class TrainProgress:
     """A context manager around one rich Progress task; silent when disabled."""
 
-    def __init__(self, total: int, disable: bool = False):
-        self.total = total
+    def __init__(self, total: int, disable: bool = False, start: int = 0):
+        self.total, self.start = total, start
         self._progress = Progress(
             TextColumn("[bold]train[/]"),
             BarColumn(),
@@ -38,7 +38,8 @@ class TrainProgress:
 
     def __enter__(self) -> TrainProgress:
         self._progress.start()
-        self._task = self._progress.add_task("train", total=self.total, status="")
+        self._task = self._progress.add_task("train", total=self.total, status="",
+                                             completed=self.start)
         return self
 
     def __exit__(self, *exc: object) -> None:

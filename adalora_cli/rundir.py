@@ -3,7 +3,10 @@
 Layout (all names fixed, so reports can rely on them)::
 
     config.yaml         resolved config
-    status.json         {"status": running|failed|finished, ...}; failed runs carry the error
+    status.json         {"status": running|preempted|failed|finished, owner, ...}; failed
+                        runs carry the error
+    heartbeat.json      a live run's last step and time, rewritten every 30 s
+    checkpoints/step-N/ the training state to resume from (kept while a run is unfinished)
     metrics.jsonl       one JSON object per line: training rows and eval rows
     rank_history.jsonl  AdaLoRA: per-matrix ranks at every mask event
     rank_pattern.json   AdaLoRA: {module path: final rank}
@@ -13,13 +16,20 @@ Layout (all names fixed, so reports can rely on them)::
 
 A run is finished only when ``summary.json`` exists and ``status.json`` says so; a crash
 or a bad input leaves ``status: failed`` with the error, never a finished-looking run.
+Claiming a directory (a new run, or resuming one) happens under an exclusive lock on
+``.lock``, so two processes never both own one run.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import math
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -35,12 +45,56 @@ RANK_HISTORY = "rank_history.jsonl"
 HEATMAP = "rank_heatmap.png"
 WEIGHTS = "adapter_model.safetensors"
 FULL_MODEL = "model"
+HEARTBEAT = "heartbeat.json"
+CHECKPOINTS = "checkpoints"
+LOCK = ".lock"
+STREAMS = (METRICS, RANK_HISTORY)
+"""Append-only files that a resumed run cuts back to their length at its checkpoint."""
+
+
+class RunBusy(Exception):
+    """Another live process owns the run directory."""
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.errno != errno.ENOSPC or not path.exists():
+            raise
+        # A full disk has no room for the copy, but a short status still fits over the
+        # blocks of the old one: rewrite it in place rather than leave a stale status.
+        with open(path, "r+") as f:
+            f.write(text)
+            f.truncate()
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    _write_text_atomic(path, json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinities become null, so every file we write stays strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def default_run_dir(cfg: RunConfig, root: str | Path = "runs") -> Path:
@@ -63,24 +117,74 @@ class RunDir:
 
     @classmethod
     def create(cls, path: str | Path, cfg: RunConfig) -> RunDir:
+        """Claim a new, empty directory for a run and write its config."""
+        from .lifecycle import identity, owner_alive
+
         path = Path(path)
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise ConfigError(
-                f"run directory {path} already exists and is not empty; "
-                "choose another --run-dir (runs are never overwritten)"
-            )
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"run directory {path} is a file; choose another --run-dir")
         path.mkdir(parents=True, exist_ok=True)
-        run = cls(path)
-        (path / CONFIG).write_text(dump_config(cfg))
-        run.set_status("running", started=_now(), pid=os.getpid())
+        with _locked(path):
+            if any(p.name != LOCK for p in path.iterdir()):
+                alive, why = owner_alive(path)
+                if alive:
+                    raise RunBusy(f"run directory {path} is being run by {why}")
+                raise ConfigError(
+                    f"run directory {path} already exists and is not empty; "
+                    "choose another --run-dir (runs are never overwritten), or continue it "
+                    f"with adalora train --resume {path}")
+            run = cls(path)
+            _write_text_atomic(path / CONFIG, dump_config(cfg))
+            run._write_status({"status": "running", "started": _now(), **identity()})
+        return run
+
+    @staticmethod
+    def check_claimable(path: str | Path) -> None:
+        """Refuse, before any work, to resume what is not a run, is finished, or is live."""
+        from .lifecycle import owner_alive
+
+        path = Path(path)
+        if not path.is_dir() or not (path / CONFIG).is_file() or not (path / STATUS).is_file():
+            raise ConfigError(f"{path} is not a run directory (no {CONFIG} and {STATUS}); pass "
+                              "a directory written by adalora train")
+        if is_finished(path):
+            raise ConfigError(f"run {path} is finished; nothing to resume (start a new run "
+                              "with adalora train CONFIG)")
+        alive, why = owner_alive(path)
+        if alive:
+            raise RunBusy(f"run {path} is being run by {why}")
+
+    @classmethod
+    def reopen(cls, path: str | Path) -> RunDir:
+        """Claim an unfinished run (preempted, failed, or running with a dead owner)."""
+        from .lifecycle import identity, owner_alive
+
+        path = Path(path)
+        with _locked(path):
+            if is_finished(path):
+                raise ConfigError(f"run {path} is finished; nothing to resume (start a new "
+                                  "run with adalora train CONFIG)")
+            alive, why = owner_alive(path)
+            if alive:
+                raise RunBusy(f"run {path} is being run by {why}")
+            run = cls(path)
+            previous = run.read_status(path) or {}
+            attempt = int(previous.get("attempt", 1)) + 1
+            run._write_status({"status": "running", "started": previous.get("started", _now()),
+                               "resumed": _now(), "attempt": attempt, **identity()})
         return run
 
     # ---------------------------------------------------------------- status
+    def _write_status(self, data: dict[str, Any]) -> None:
+        _write_json_atomic(self.path / STATUS, data)
+
     def set_status(self, status: str, **fields: Any) -> None:
         current = self.read_status(self.path) or {}
         current.update(fields)
         current["status"] = status
-        _write_json_atomic(self.path / STATUS, current)
+        if status != "failed":  # an error from an earlier attempt no longer applies
+            current.pop("error", None)
+        self._write_status(current)
 
     @staticmethod
     def read_status(path: Path) -> dict[str, Any] | None:
@@ -93,16 +197,44 @@ class RunDir:
         self.close()
         self.set_status("failed", error=error, ended=_now())
 
+    def preempt(self, reason: str, step: int) -> None:
+        self.close()
+        self.set_status("preempted", reason=reason, step=step, ended=_now())
+
     # ---------------------------------------------------------------- streams
     def log(self, row: dict[str, Any]) -> None:
         if self._metrics is None:
             self._metrics = open(self.path / METRICS, "a", buffering=1)
-        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
 
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None:
         if self._ranks is None:
             self._ranks = open(self.path / RANK_HISTORY, "a", buffering=1)
         self._ranks.write(json.dumps({"step": step, "ranks": ranks}) + "\n")
+
+    def stream_sizes(self) -> dict[str, int]:
+        """Bytes written to each stream so far (flushed): what a checkpoint records."""
+        for stream in (self._metrics, self._ranks):
+            if stream is not None:
+                stream.flush()
+        return {name: (self.path / name).stat().st_size if (self.path / name).exists() else 0
+                for name in STREAMS}
+
+    def truncate_streams(self, sizes: dict[str, int]) -> None:
+        """Cut each stream back to its size at a checkpoint: rows written after it by a
+        killed attempt are written again, identically, by the resumed one."""
+        self.close()
+        for name in STREAMS:
+            path = self.path / name
+            if path.exists():
+                with open(path, "r+b") as f:
+                    f.truncate(sizes.get(name, 0))
+
+    def clear_outputs(self) -> None:
+        """Forget everything an earlier attempt wrote (a resume with no checkpoint)."""
+        self.close()
+        for name in (*STREAMS, RANK_PATTERN, HEATMAP, WEIGHTS, SUMMARY):
+            (self.path / name).unlink(missing_ok=True)
 
     def close(self) -> None:
         for stream in (self._metrics, self._ranks):

@@ -218,7 +218,7 @@ def count_matrices(config: Path, overrides: list[str], cache: dict) -> int:
     cfg = load_config(config, [*overrides, "method.name=adalora"])
     key = (cfg.model.name_or_path, tuple(cfg.method.target_modules or ()))
     if key not in cache:
-        from .train import dry_run  # heavy: only when a budget must be matched
+        from .engine.build import dry_run  # heavy: only when a budget must be matched
         cache[key] = dry_run(cfg)["info"]["n_matrices"]
     return cache[key]
 

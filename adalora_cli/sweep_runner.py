@@ -3,10 +3,16 @@
 One process per run keeps runs independent: a crash, an out-of-memory kill or a leaked
 CUDA context takes down one run, not the sweep. ``jobs`` processes run at once; when
 several GPUs are visible each job slot owns one through ``CUDA_VISIBLE_DEVICES``. The
-sweep directory holds the run directories, ``logs/<run>.log`` (each process's output),
-``sweep.yaml`` (the plan as last launched) and ``sweep_log.jsonl`` (every event, kept
-across re-runs). Re-running skips finished runs and deletes unfinished ones before
-running them again, so a combination never has two directories.
+sweep directory holds the run directories, ``logs/<run>.log`` (each attempt's output,
+appended), ``sweep.yaml`` (the plan as last launched) and ``sweep_log.jsonl`` (every event,
+kept across re-runs).
+
+Nothing is ever thrown away: re-running skips finished runs and resumes unfinished ones
+(preempted, failed, or whose process died) from their latest checkpoint. Each run's state
+is checked again just before it is launched, and its training process claims the directory
+atomically, so two sweeps started on one sweep directory share the runs instead of
+training any of them twice. A sweep that is stopped (Ctrl-C, SIGTERM, or even SIGKILL)
+stops its training processes too: they checkpoint and end as ``preempted``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .config import load_config
+from .lifecycle import PARENT_ENV, owner_alive
 from .rundir import CONFIG, RunDir, is_finished
 from .sweep import PlannedRun, SweepSpec
 
@@ -37,33 +45,24 @@ MANIFEST = "sweep.yaml"
 class Outcome:
     run: PlannedRun
     status: str
-    """'finished', 'failed', 'skipped' (finished earlier) or 'busy' (running elsewhere)."""
+    """'finished', 'failed', 'preempted' (stopped with a checkpoint), 'skipped' (finished
+    earlier) or 'busy' (running elsewhere)."""
     seconds: float = 0.0
     error: str = ""
 
 
 def run_state(path: Path) -> str:
-    """'finished', 'running' (a live process owns it), 'unfinished' or 'missing'."""
+    """'finished', 'running' (a live process owns it), 'unfinished' (resumable),
+    'empty' (a directory holding no run) or 'missing'."""
     if is_finished(path):
         return "finished"
     if not path.exists():
         return "missing"
-    status = RunDir.read_status(path) or {}
-    if status.get("status") == "running" and _alive(status.get("pid")):
+    if not (path / CONFIG).is_file():
+        return "empty"
+    if owner_alive(path)[0]:
         return "running"
     return "unfinished"
-
-
-def _alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def visible_gpus() -> list[str]:
@@ -118,6 +117,7 @@ def write_manifest(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path) -> 
 
 def _child_env(gpu: str | None, jobs: int) -> dict[str, str]:
     env = dict(os.environ)
+    env[PARENT_ENV] = str(os.getpid())  # the child stops (with a checkpoint) if we die
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     if jobs > 1 and "OMP_NUM_THREADS" not in env:  # N CPU runs must not oversubscribe cores
@@ -135,51 +135,79 @@ def _last_error(log: Path) -> str:
     return (errors or lines or ["exited without output"])[-1][:300]
 
 
+EXIT_BUSY, EXIT_PREEMPTED = 73, 75  # as adalora_cli.cli defines them
+
+
 class _Job:
-    def __init__(self, run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int):
+    def __init__(self, run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
+                 resume: bool):
         self.run, self.gpu, self.start = run, gpu, time.perf_counter()
         self.log = sweep_dir / "logs" / f"{run.name}.log"
         self.run_dir = sweep_dir / run.name
-        cmd = [sys.executable, "-m", "adalora_cli.cli", "train", str(run.config),
-               *run.overrides, "--run-dir", str(self.run_dir), "--quiet"]
-        with open(self.log, "w") as out:
+        train = [sys.executable, "-m", "adalora_cli.cli", "train"]
+        cmd = ([*train, "--resume", str(self.run_dir), "--quiet"] if resume else
+               [*train, str(run.config), *run.overrides, "--run-dir", str(self.run_dir),
+                "--quiet"])
+        with open(self.log, "a") as out:  # every attempt's output, one after the other
             out.write("$ " + " ".join(cmd) + "\n")
             out.flush()
+            # A session of its own: Ctrl-C reaches the sweep only, which then stops each
+            # run with SIGTERM, so the run checkpoints instead of failing mid-step.
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         env=_child_env(gpu, jobs))
+                                         env=_child_env(gpu, jobs), start_new_session=True)
 
     def outcome(self) -> Outcome:
         seconds = round(time.perf_counter() - self.start, 1)
-        if self.proc.returncode == 0 and is_finished(self.run_dir):
+        code = self.proc.returncode
+        if code == 0 and is_finished(self.run_dir):
             return Outcome(self.run, "finished", seconds)
-        return Outcome(self.run, "failed", seconds,
-                       f"exit {self.proc.returncode}: {_last_error(self.log)}")
+        if code == EXIT_BUSY:
+            return Outcome(self.run, "busy", seconds)
+        status = "preempted" if code == EXIT_PREEMPTED else "failed"
+        return Outcome(self.run, status, seconds, f"exit {code}: {_last_error(self.log)}")
 
 
-def _prepare(runs: list[PlannedRun], sweep_dir: Path, log: SweepLog,
-             console: Console) -> tuple[list[PlannedRun], list[Outcome]]:
-    """Split the plan into runs to launch and runs to leave alone; clear unfinished ones."""
-    todo, done = [], []
-    for run in runs:
-        path = sweep_dir / run.name
-        state = run_state(path)
-        if state == "finished":
-            if config_drift(run, path):
-                console.print(f"[yellow]warning:[/] {path} finished with a different config "
-                              "than this sweep now plans; kept it (delete it to rerun)",
-                              highlight=False, soft_wrap=True)
-            done.append(Outcome(run, "skipped"))
-        elif state == "running":
-            console.print(f"[yellow]warning:[/] {path} is being run by another process; "
-                          "left alone", highlight=False, soft_wrap=True)
-            done.append(Outcome(run, "busy"))
-        else:
-            if state == "unfinished":  # a crash or a kill: start it again from scratch
-                old = (RunDir.read_status(path) or {}).get("status", "no status")
-                shutil.rmtree(path)
-                log.event(run.name, "removed_unfinished", previous_status=old)
-            todo.append(run)
-    return todo, done
+def _settled(run: PlannedRun, sweep_dir: Path, console: Console) -> Outcome | None:
+    """The outcome of a run that needs no launch now (finished, or live elsewhere)."""
+    path = sweep_dir / run.name
+    state = run_state(path)
+    if state == "finished":
+        if config_drift(run, path):
+            console.print(f"[yellow]warning:[/] {path} finished with a different config "
+                          "than this sweep now plans; kept it (delete it to rerun)",
+                          highlight=False, soft_wrap=True)
+        return Outcome(run, "skipped")
+    if state == "running":
+        return Outcome(run, "busy")
+    return None
+
+
+def _launch(run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
+            log: SweepLog) -> _Job:
+    path = sweep_dir / run.name
+    state = run_state(path)
+    if state == "empty":  # a directory with no run in it (e.g. a claim cut short)
+        shutil.rmtree(path)
+    resume = state == "unfinished"
+    if resume:
+        old = (RunDir.read_status(path) or {}).get("status", "no status")
+        log.event(run.name, "resumed", previous_status=old, gpu=gpu)
+    else:
+        log.event(run.name, "started", gpu=gpu)
+    return _Job(run, sweep_dir, gpu, jobs, resume)
+
+
+class SweepStopped(Exception):
+    """The sweep got SIGTERM; its training processes were stopped with checkpoints."""
+
+
+def _stop_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise SweepStopped("stopped by SIGTERM")
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. called from a test runner thread)
+        pass
 
 
 def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int = 1,
@@ -189,40 +217,57 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
     (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
     write_manifest(spec, runs, sweep_dir)
     log = SweepLog(sweep_dir)
-    todo, outcomes = _prepare(runs, sweep_dir, log, console)
-    for o in outcomes:
-        log.event(o.run.name, o.status)
+    todo, outcomes = [], []
+    for run in runs:
+        settled = _settled(run, sweep_dir, console)
+        if settled is None:
+            todo.append(run)
+        else:
+            outcomes.append(settled)
+            log.event(run.name, settled.status)
+            if settled.status == "busy":
+                console.print(f"[yellow]warning:[/] {sweep_dir / run.name} is being run by "
+                              "another process; left alone", highlight=False, soft_wrap=True)
     slots = gpu_slots(jobs, visible_gpus())
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
                         TimeElapsedColumn(), console=console, disable=quiet or not todo)
     running: dict[int, _Job] = {}
+    _stop_on_sigterm()
     with progress:
         overall = progress.add_task(f"sweep {spec.name}", total=len(todo), note="")
+
+        def done(o: Outcome) -> None:
+            outcomes.append(o)
+            log.event(o.run.name, o.status, seconds=o.seconds, error=o.error or None)
+            marks = {"finished": "[green]done[/]", "busy": "[yellow]busy[/]",
+                     "skipped": "[green]done elsewhere[/]", "preempted": "[yellow]preempted[/]"}
+            progress.console.print(f"{marks.get(o.status, '[red]failed[/]')} {o.run.name} "
+                                   f"({o.seconds:.0f}s)" + (f": {o.error}" if o.error else ""),
+                                   highlight=False)
+            progress.advance(overall)
+
         try:
             while todo or running:
                 for slot, gpu in enumerate(slots):
-                    if slot not in running and todo:
-                        running[slot] = _Job(todo.pop(0), sweep_dir, gpu, len(slots))
-                        log.event(running[slot].run.name, "started", gpu=gpu)
+                    while slot not in running and todo:
+                        run = todo.pop(0)
+                        settled = _settled(run, sweep_dir, console)  # another sweep's work?
+                        if settled is not None:
+                            done(settled)
+                            continue
+                        running[slot] = _launch(run, sweep_dir, gpu, len(slots), log)
                 for slot, job in list(running.items()):
                     if job.proc.poll() is None:
                         continue
                     del running[slot]
-                    o = job.outcome()
-                    outcomes.append(o)
-                    log.event(o.run.name, o.status, seconds=o.seconds, error=o.error or None)
-                    mark = "[green]done[/]" if o.status == "finished" else "[red]failed[/]"
-                    progress.console.print(f"{mark} {o.run.name} ({o.seconds:.0f}s)"
-                                           + (f": {o.error}" if o.error else ""),
-                                           highlight=False)
-                    progress.advance(overall)
+                    done(job.outcome())
                 names = ", ".join(j.run.name for j in running.values())
                 progress.update(overall, note=f"running {names}" if names else "")
                 time.sleep(0.2)
-        except KeyboardInterrupt:
-            for job in running.values():  # only the processes this sweep started
-                job.proc.terminate()
+        except (KeyboardInterrupt, SweepStopped):
+            for job in running.values():  # only the processes this sweep started: each
+                job.proc.send_signal(signal.SIGTERM)  # checkpoints and ends preempted
             for job in running.values():
                 job.proc.wait()
                 log.event(job.run.name, "interrupted")
@@ -235,11 +280,11 @@ def describe(runs: list[PlannedRun], sweep_dir: Path) -> list[dict]:
     """What ``--dry-run`` lists: each run, its size, parameter counts and what would happen.
 
     Counts come from an in-process dry run, cached across seeds (they never change them)."""
-    from .train import dry_run
+    from .engine.build import dry_run
 
     cache: dict[tuple, dict] = {}
     action = {"finished": "skip (finished)", "running": "skip (running elsewhere)",
-              "unfinished": "rerun (unfinished)", "missing": "run"}
+              "unfinished": "resume (unfinished)", "empty": "run", "missing": "run"}
     rows = []
     for run in runs:
         key = (run.config, tuple(o for o in run.overrides

@@ -18,8 +18,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import RunConfig, load_config
+from .engine.build import load_model, resolve_resources, seed_everything
+from .methods import apply_method
 from .methods.base import MethodHandle
 from .rundir import CONFIG, FULL_MODEL, WEIGHTS
+from .tasks import get_task
 
 ALLOCATOR_STATE = "allocator_state.pt"
 
@@ -49,7 +52,7 @@ def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Pa
         save_file(state, str(out / WEIGHTS), metadata={"method": cfg.method.name})
         written["file"] = WEIGHTS
         written["tensors"] = len(state)
-    allocator = handle.extras.get("allocator")
+    allocator = handle.allocator
     if allocator is not None:
         torch.save(allocator.state_dict(), out / ALLOCATOR_STATE)
         written["allocator_state"] = ALLOCATOR_STATE
@@ -58,10 +61,6 @@ def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Pa
 
 def load_run(run_dir: str | Path, device: str = "cpu"):
     """Rebuild a finished run's model with its trained weights: ``(model, tokenizer, cfg)``."""
-    from .methods import apply_method
-    from .tasks import get_task
-    from .train import load_model, resolve_resources, seed_everything
-
     run_dir = Path(run_dir)
     cfg = resolve_resources(load_config(run_dir / CONFIG))
     if cfg.method.name == "full":

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from adalora_cli.config import load_config
+from adalora_cli.engine.build import load_model, resolve_resources
 from adalora_cli.methods import apply_method
 from adalora_cli.tasks import get_task
-from adalora_cli.train import load_model, resolve_resources
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo" / "rotten_tomatoes.yaml"
 

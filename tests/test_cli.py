@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from adalora_cli import train as training
 from adalora_cli.cli import app
+from adalora_cli.engine import build as training
 from adalora_cli.rundir import is_finished, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,7 +167,8 @@ def test_malformed_yaml(tmp_path):
 def test_failure_mid_run_marks_directory_failed(tmp_path, in_repo, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("evaluation exploded")
-    monkeypatch.setattr(training, "evaluate_all", broken)
+    from adalora_cli.engine import loop
+    monkeypatch.setattr(loop, "_evaluate", broken)
     out = tmp_path / "run"
     result = run_cli("train", SMOKE, "method.name=lora", "train.epochs=1", "--run-dir", str(out),
                      "--quiet")
@@ -178,7 +179,8 @@ def test_failure_mid_run_marks_directory_failed(tmp_path, in_repo, monkeypatch):
     assert not (out / "summary.json").exists()
 
 
-def test_sigterm_marks_the_run_failed(tmp_path):
+def test_sigterm_preempts_with_a_checkpoint(tmp_path):
+    """A real SIGTERM from outside, at whatever step the run has reached."""
     import signal
     import time
     out = tmp_path / "run"
@@ -192,7 +194,13 @@ def test_sigterm_marks_the_run_failed(tmp_path):
         time.sleep(0.2)  # wait until training has started
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 1
+    assert proc.returncode == 75, stderr
     status = json.loads((out / "status.json").read_text())
-    assert status["status"] == "failed" and "SIGTERM" in status["error"]
+    assert status["status"] == "preempted" and "SIGTERM" in status["reason"]
+    step = status["step"]
+    assert (out / "checkpoints" / f"step-{step:07d}" / "state.pt").is_file()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"adalora train --resume {out}" in lines[0]
     assert "Traceback" not in stderr and not (out / "summary.json").exists()
+    # the rows stop at the checkpointed step: nothing after it was logged
+    assert max(r["step"] for r in read_metrics(out) if "loss" in r) == step

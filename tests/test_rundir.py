@@ -7,7 +7,7 @@ import json
 import pytest
 
 from adalora_cli.config import ConfigError, RunConfig, load_config
-from adalora_cli.rundir import RunDir, default_run_dir, is_finished, read_metrics
+from adalora_cli.rundir import RunBusy, RunDir, default_run_dir, is_finished, read_metrics
 
 
 def test_create_writes_config_and_running_status(tmp_path):
@@ -20,8 +20,11 @@ def test_create_writes_config_and_running_status(tmp_path):
 
 
 def test_never_overwrites_a_run(tmp_path):
-    RunDir.create(tmp_path / "r", RunConfig())
-    with pytest.raises(ConfigError, match="already exists and is not empty"):
+    run = RunDir.create(tmp_path / "r", RunConfig())
+    with pytest.raises(RunBusy, match="being run by process"):  # its owner (we) is alive
+        RunDir.create(tmp_path / "r", RunConfig())
+    run.fail("RuntimeError: boom")
+    with pytest.raises(ConfigError, match="already exists and is not empty.*--resume"):
         RunDir.create(tmp_path / "r", RunConfig())
 
 

@@ -221,7 +221,7 @@ def test_smoke_sweep_runs_every_combination(smoke_sweep):
     assert sorted(e["run"] for e in events if e["event"] == "finished") == NAMES
 
 
-def test_rerun_skips_finished_and_reruns_unfinished(smoke_sweep):
+def test_rerun_skips_finished_and_resumes_unfinished(smoke_sweep):
     broken = smoke_sweep / "glue-lora-b8-s1"
     (broken / "summary.json").unlink()  # as if the process had been killed mid-run
     (broken / "status.json").write_text(json.dumps({"status": "running", "pid": 999999999}))
@@ -232,9 +232,15 @@ def test_rerun_skips_finished_and_reruns_unfinished(smoke_sweep):
     assert is_finished(broken)
     assert (smoke_sweep / "glue-adalora-b8-s0" / "summary.json").stat().st_mtime_ns == before
     run_dirs = [p for p in smoke_sweep.iterdir() if (p / "status.json").exists()]
-    assert len(run_dirs) == 8  # the unfinished one was replaced, not kept beside
+    assert len(run_dirs) == 8  # the unfinished one was continued in place, not duplicated
     events = [json.loads(line) for line in (smoke_sweep / LOG).read_text().splitlines()]
-    assert [e["run"] for e in events if e["event"] == "removed_unfinished"] == [broken.name]
+    resumed = [e for e in events if e["event"] == "resumed"]
+    assert [(e["run"], e["previous_status"]) for e in resumed] == [(broken.name, "running")]
+    # it had no checkpoint left (a finished run deletes them), so it started over, once
+    assert json.loads((broken / "summary.json").read_text())["attempts"] == 2
+    log = (smoke_sweep / "logs" / f"{broken.name}.log").read_text().splitlines()
+    commands = [line for line in log if line.startswith("$ ")]  # the log keeps both attempts
+    assert len(commands) == 2 and "--resume" in commands[1] and "--resume" not in commands[0]
 
 
 def test_dry_run_lists_parameter_counts(smoke_sweep):

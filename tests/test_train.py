@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.config import RunConfig, TrainConfig
+from adalora_cli.engine.schedule import linear_schedule, total_steps
 from adalora_cli.rundir import read_metrics
-from adalora_cli.train import linear_schedule, total_steps
 
 
 def cfg_with(**train) -> RunConfig:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from adalora_cli.config import RunConfig
+from adalora_cli.config import ConfigError, RunConfig
 from adalora_cli.methods.adalora import SVDLinear, orthogonal_regularizer
 from adalora_cli.methods.adapters import HoulsbyAdapter, PfeifferAdapter
 from adalora_cli.methods.allocator import RankAllocator, check_schedule
@@ -30,13 +30,25 @@ def _adapter_params(layers: Layers) -> list[nn.Parameter]:
     return [p for _, layer in layers for p in layer.adapter_parameters()]
 
 
+def _check_rank(model: nn.Module, paths: list[str], rank: int, key: str) -> None:
+    """A rank above min(d_in, d_out) adds nothing and, at sizes like r0 = 12,500, exhausts
+    memory before the first step: refuse it before any factor is allocated."""
+    smallest = min(min(m.in_features, m.out_features)
+                   for m in (model.get_submodule(p) for p in paths))
+    if rank > smallest:
+        raise ConfigError(f"{key}={rank} exceeds the smallest adapted matrix dimension "
+                          f"({smallest}); lower {key} (or the sweep's --budget)")
+
+
 def _low_rank(model: nn.Module, cfg: RunConfig, total_steps: int | None, *, rank: int,
-              gamma: float, prune: bool, wrap: Callable[[nn.Linear], nn.Module]) -> MethodHandle:
+              rank_key: str, gamma: float, prune: bool,
+              wrap: Callable[[nn.Linear], nn.Module]) -> MethodHandle:
     """Shared by AdaLoRA and LoRA: inject, regularizer, and the allocator when pruning.
 
     Pruning (AdaLoRA, or prune-LoRA) takes its budget, schedule and score from
     ``cfg.adalora``; the regularizer form too (LoRA_regu uses the same Eq. 4)."""
     paths = resolve_targets(model, cfg.method.target_modules)
+    _check_rank(model, paths, rank, rank_key)
     pruning = prune and total_steps is not None
     a = cfg.adalora
     if pruning:  # reject an impossible schedule before touching the model
@@ -50,19 +62,21 @@ def _low_rank(model: nn.Module, cfg: RunConfig, total_steps: int | None, *, rank
         name=cfg.method.name, adapter=_adapter_params(layers), head=head_parameters(model),
         n_matrices=len(layers), reg_weight=gamma, regularizer=regularizer,
         after_step=allocator.step if allocator else None,
-        extras={"allocator": allocator, "layers": layers},
+        allocator=allocator, layers=layers,
     )
 
 
 def _adalora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
     a = cfg.adalora
-    return _low_rank(model, cfg, total_steps, rank=a.init_rank, gamma=a.gamma, prune=a.prune,
+    return _low_rank(model, cfg, total_steps, rank=a.init_rank, rank_key="adalora.init_rank",
+                     gamma=a.gamma, prune=a.prune,
                      wrap=lambda lin: SVDLinear(lin, a.init_rank, a.alpha, a.dropout))
 
 
 def _lora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
     lo = cfg.lora
-    return _low_rank(model, cfg, total_steps, rank=lo.r, gamma=lo.gamma, prune=lo.prune,
+    return _low_rank(model, cfg, total_steps, rank=lo.r, rank_key="lora.r", gamma=lo.gamma,
+                     prune=lo.prune,
                      wrap=lambda lin: LoRALinear(lin, lo.r, lo.alpha, lo.dropout))
 
 
@@ -72,7 +86,7 @@ def _bottleneck(model: nn.Module, cfg: RunConfig, kind: type[nn.Module], *,
     sites = adapter_sites(model, attention=attention)
     layers = replace_linears(model, sites, lambda lin: kind(lin, ad.dim, ad.dropout))
     return MethodHandle(name=cfg.method.name, adapter=_adapter_params(layers),
-                        head=head_parameters(model), extras={"allocator": None, "layers": layers})
+                        head=head_parameters(model), layers=layers)
 
 
 def _houlsby(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
@@ -91,13 +105,13 @@ def _without_head(params: list[nn.Parameter], head: list[nn.Parameter]) -> list[
 def _bitfit(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
     head = head_parameters(model)
     return MethodHandle(name="bitfit", adapter=_without_head(bias_parameters(model), head),
-                        head=head, extras={"allocator": None, "layers": []})
+                        head=head)
 
 
 def _full(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
     head = head_parameters(model)
     return MethodHandle(name="full", adapter=_without_head(list(model.parameters()), head),
-                        head=head, extras={"allocator": None, "layers": []})
+                        head=head)
 
 
 _BUILDERS = {"adalora": _adalora, "lora": _lora, "houlsby": _houlsby, "pfeiffer": _pfeiffer,

@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from adalora_cli.methods.allocator import RankAllocator
+
 
 @runtime_checkable
 class AdapterModule(Protocol):
@@ -92,8 +94,11 @@ class MethodHandle:
     """Called with the optimizer step t (from 1) after optimizer.step() and before
     zero_grad(); returns values to log, e.g. {"budget": b_t} and, at mask events,
     {"ranks": {module path: rank}}."""
-    extras: dict[str, Any] = field(default_factory=dict)
-    """Method-specific objects (e.g. the rank allocator) for saving and reporting."""
+    allocator: RankAllocator | None = None
+    """AdaLoRA's (or prune-LoRA's) rank allocator; its state is checkpointed and its final
+    pattern written to the run directory. None for every other method and in a dry run."""
+    layers: list[tuple[str, nn.Module]] = field(default_factory=list)
+    """The injected adapter modules by module path (empty for BitFit and full)."""
 
     @property
     def trainable(self) -> list[nn.Parameter]:

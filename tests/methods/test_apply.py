@@ -90,7 +90,7 @@ def test_zero_init_factors_get_no_first_step_gradient() -> None:
     handle = apply_method(model, run_config("adalora", adalora={"gamma": 0.0}), None)
     assert handle.regularizer is None
     model(**tiny_batch()).loss.backward()
-    layer = handle.extras["layers"][0][1]
+    layer = handle.layers[0][1]
     assert torch.count_nonzero(layer.lam.grad) > 0  # d loss / d lam_i = s (P_i . g)(Q_i . x)
     assert torch.count_nonzero(layer.P.grad) == 0 and torch.count_nonzero(layer.Q.grad) == 0
 
@@ -126,10 +126,10 @@ def test_handle_hooks() -> None:
     handle = apply_method(tiny_bert(), run_config("adalora", adalora={"budget": 24, "t_final": 5}),
                           100)
     assert handle.reg_weight == 0.1 and handle.after_step is not None
-    assert handle.extras["allocator"].b0 == 6 * LAYERS * 4
+    assert handle.allocator.b0 == 6 * LAYERS * 4
     prune_lora = run_config("lora", lora={"prune": True, "r": 2},
                             adalora={"budget": 10, "t_final": 5})
-    assert apply_method(tiny_bert(), prune_lora, 100).extras["allocator"].b0 == 24
+    assert apply_method(tiny_bert(), prune_lora, 100).allocator.b0 == 24
 
 
 def test_schedule_is_checked_when_pruning() -> None:
@@ -160,11 +160,11 @@ def test_full_schedule_on_tiny_bert_ends_at_the_budget() -> None:
         assert ("ranks" in logged) == event
         if event:
             assert sum(logged["ranks"].values()) == logged["budget"]
-    ranks = handle.extras["allocator"].rank_pattern()
-    layers = dict(handle.extras["layers"])
+    ranks = handle.allocator.rank_pattern()
+    layers = dict(handle.layers)
     assert sum(ranks.values()) == bT
     for path, layer in layers.items():  # masked singular values are exactly 0 at the end
         assert torch.count_nonzero(layer.lam) <= ranks[path]
     expected = sum(r * (layers[p].in_features + layers[p].out_features + 1)
                    for p, r in ranks.items())
-    assert handle.extras["allocator"].final_adapter_params() == expected
+    assert handle.allocator.final_adapter_params() == expected

@@ -46,7 +46,7 @@ def test_adalora_on_deberta_counts_the_singular_values() -> None:
                           run_config("adalora", adalora={"init_rank": 12}), None)
     # r0 (d_in + d_out + 1) per matrix: 12 x (4 x 12 x 1537 + 2 x 12 x 3841)
     assert handle.n_matrices == 72 and handle.adapter_params == 12 * (48 * 1537 + 24 * 3841)
-    assert handle.extras["allocator"] is None and handle.after_step is None  # dry run
+    assert handle.allocator is None and handle.after_step is None  # dry run
 
 
 def test_bart_large_has_192_matrices_and_the_head_is_not_adapted() -> None:
@@ -92,7 +92,7 @@ def test_target_override_and_in_place_replacement() -> None:
     layer0 = model.bert.encoder.layer[0].attention.self
     assert isinstance(layer0.query, SVDLinear) and isinstance(layer0.value, SVDLinear)
     assert type(layer0.key) is nn.Linear
-    assert [path for path, _ in handle.extras["layers"]][:2] == [
+    assert [path for path, _ in handle.layers][:2] == [
         "bert.encoder.layer.0.attention.self.query", "bert.encoder.layer.0.attention.self.value"]
 
 
@@ -103,5 +103,9 @@ def test_errors_name_the_problem() -> None:
     bare = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(ConfigError, match="no default target modules for model type Sequential"):
         apply_method(bare, run_config("lora"), None)
-    handle = apply_method(bare, run_config("lora", method={"target_modules": ["0"]}), None)
+    with pytest.raises(ConfigError, match=r"lora.r=8 exceeds the smallest adapted matrix "
+                                          r"dimension \(4\)"):
+        apply_method(bare, run_config("lora", method={"target_modules": ["0"]}), None)
+    handle = apply_method(bare, run_config("lora", method={"target_modules": ["0"]},
+                                           lora={"r": 4}), None)
     assert isinstance(bare[0], LoRALinear) and handle.n_matrices == 1

@@ -100,7 +100,7 @@ def test_adalora_prunes_to_the_budget(adalora_run):
 
 
 def test_saved_weights_reload_to_the_same_scores(adalora_run, monkeypatch):
-    from adalora_cli import train as training
+    from adalora_cli.engine import build as training
     from adalora_cli.weights import load_run
 
     monkeypatch.chdir(ROOT)

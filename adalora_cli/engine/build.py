@@ -1,0 +1,154 @@
+"""From a config to the objects a run trains: resources, seed, device, model, data, method.
+
+Everything here runs before a run directory exists, so every problem the user can fix
+(a missing model folder, a device that is not there, an impossible schedule) is raised as
+a one-line :class:`ConfigError` and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from huggingface_hub.utils import HFValidationError
+
+from .. import resources
+from ..config import ConfigError, RunConfig
+from ..methods import apply_method, parameter_table
+from ..methods.base import MethodHandle
+from ..tasks import get_task
+from ..tasks.base import Task, TaskData
+from .schedule import total_steps
+
+
+def resolve_resources(cfg: RunConfig) -> RunConfig:
+    """Turn ``package:`` paths into real paths (the demo's bundled weights and data)."""
+    task = cfg.task
+    files = ({k: resources.resolve(v) for k, v in task.data_files.items()}
+             if task.data_files else None)
+    task = dataclasses.replace(
+        task, data_files=files,
+        data_dir=resources.resolve(task.data_dir) if task.data_dir else None)
+    model = dataclasses.replace(cfg.model, name_or_path=resources.resolve(cfg.model.name_or_path))
+    return dataclasses.replace(cfg, task=task, model=model)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
+
+
+def pick_device(name: str) -> torch.device:
+    """The device ``train.device`` names; checked before anything is written."""
+    if not _DEVICE.match(name):
+        raise ConfigError(f"train.device={name!r} is not a device; use auto, cpu, cuda or "
+                          "cuda:N")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device={name} but CUDA is not available; use "
+                              "train.device=cpu (or auto)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"train.device={name} but only {torch.cuda.device_count()} "
+                              "CUDA device(s) are visible; pick one of them")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"train.device={name} but MPS is not available; use train.device=cpu")
+    return device
+
+
+def autocast_factory(precision: str, device: torch.device):
+    """Mixed precision on CUDA only; returns (context factory, dtype or None)."""
+    if device.type != "cuda" or precision == "fp32":
+        return contextlib.nullcontext, None
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return (lambda: torch.autocast("cuda", dtype=dtype)), dtype
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def _looks_local(name: str) -> bool:
+    """A path the user meant as a folder (not a hub id like ``microsoft/deberta-v3-base``)."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
+        return True
+    parent = Path(name).parent
+    return str(parent) not in ("", ".") and parent.is_dir()
+
+
+def load_model(task: Task, cfg: RunConfig):
+    """The task's pretrained model and tokenizer; a missing model is a one-line error."""
+    name = cfg.model.name_or_path
+    if _looks_local(name) and not Path(name).expanduser().exists():
+        raise ConfigError(f"model folder {name} does not exist; set model.name_or_path to a "
+                          "local model folder or a hub id")
+    try:
+        return task.build_model()
+    except (OSError, HFValidationError) as err:  # missing folder, unknown or unreachable hub id
+        raise ConfigError(
+            f"could not load model {name!r} ({first_line(err)}); "
+            "set model.name_or_path to a local folder or check the network") from None
+
+
+@dataclass
+class Built:
+    """Everything a run trains, built and checked, before any output is written."""
+
+    cfg: RunConfig
+    """The run's config as the user wrote it (portable ``package:`` paths kept)."""
+    task: Task
+    model: torch.nn.Module
+    tokenizer: Any
+    data: TaskData
+    handle: MethodHandle
+    steps: int
+    device: torch.device
+
+
+def build_run(cfg: RunConfig) -> Built:
+    """Seed, load, encode and attach the method; nothing touches the disk."""
+    device = pick_device(cfg.train.device)
+    resolved = resolve_resources(cfg)
+    seed_everything(cfg.train.seed)
+    task = get_task(resolved)
+    model, tokenizer = load_model(task, resolved)
+    data = task.load_data(tokenizer)
+    if len(data.train) == 0:
+        raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
+    steps = total_steps(len(data.train), cfg)
+    handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
+    return Built(cfg, task, model, tokenizer, data, handle, steps, device)
+
+
+def dry_run(cfg: RunConfig) -> dict[str, Any]:
+    """Build model and method, train nothing; the per-module table plus the totals."""
+    cfg = resolve_resources(cfg)
+    model, _ = load_model(get_task(cfg), cfg)
+    handle = apply_method(model, cfg, None)
+    table = parameter_table(model)
+    info = {
+        "adapter_params": handle.adapter_params,
+        "head_params": handle.head_params,
+        "n_matrices": handle.n_matrices,
+        "trainable_params": sum(p.numel() for p in handle.trainable),
+        "total_params": sum(p.numel() for p in model.parameters()),
+        "method": cfg.method.name,
+        "model": cfg.model.name_or_path,
+    }
+    return {"table": table, "info": info}

@@ -1,0 +1,304 @@
+"""The one training loop: build -> claim the run directory -> maybe resume -> steps ->
+evaluate -> checkpoint -> finish.
+
+A new run (:func:`train`) and a resumed one (:func:`resume`) share everything after the
+claim. Within an optimizer step a stop signal is only noted (see ``signals.py``); at the
+step boundary the loop evaluates and checkpoints when due, and then honours a stop by
+checkpointing and leaving the run ``preempted``. Resuming restores the state saved by
+``checkpoint.py`` and cuts the run's streams back to the checkpoint, so the resumed run
+writes exactly the rows the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..config import RunConfig, dump_config
+from ..progress import TrainProgress
+from ..rundir import CONFIG, HEATMAP, RANK_PATTERN, RunDir, _write_text_atomic, default_run_dir
+from ..weights import save_weights, trained_state
+from . import checkpoint as ckpt
+from . import faults
+from .build import Built, autocast_factory, build_run, first_line
+from .order import EpochBatches, example_lengths
+from .schedule import linear_schedule
+from .signals import Preempted, StopSignals
+from .step import Stepper
+
+
+def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False) -> Path:
+    """Train, evaluate and write a new run directory. Returns its path."""
+    with StopSignals() as stop:
+        built = build_run(cfg)  # every user error is raised here, before anything is written
+        run = RunDir.create(run_dir or default_run_dir(cfg), cfg)
+        return _own(built, run, stop, quiet, None)
+
+
+def resume(path: Path, cfg: RunConfig, quiet: bool = False,
+           note=lambda text: None) -> Path:
+    """Continue the unfinished run in ``path`` with ``cfg`` (checked by the caller)."""
+    with StopSignals() as stop:
+        RunDir.check_claimable(path)  # a finished or live run is refused before the build
+        built = build_run(cfg)
+        run = RunDir.reopen(path)
+        _write_text_atomic(path / CONFIG, dump_config(cfg))
+        latest = ckpt.latest_checkpoint(path)
+        if latest is None:
+            note(f"{path} has no checkpoint yet; starting it over from step 0")
+            run.clear_outputs()
+        return _own(built, run, stop, quiet, latest)
+
+
+def _own(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
+         latest: Path | None) -> Path:
+    """Run the loop in a claimed directory and leave it finished, preempted or failed."""
+    try:
+        summary = _loop(built, run, stop, quiet, latest)
+    except BaseException as err:
+        if isinstance(err, Preempted):
+            run.preempt(str(err), step=getattr(err, "step", None))
+        else:
+            reason = "interrupted by the user" if isinstance(err, KeyboardInterrupt) else (
+                f"{type(err).__name__}: {first_line(err)}")
+            run.fail(reason)
+        try:
+            err.run_dir = run.path  # lets the CLI name the directory it marked
+        except AttributeError:
+            pass
+        raise
+    run.finish(summary)
+    ckpt.remove_all(run.path)  # a finished run keeps its final weights, not its checkpoints
+    return run.path
+
+
+@dataclass
+class Position:
+    """Where the loop stands: what a checkpoint saves besides the objects' own state."""
+
+    step: int = 0
+    epoch: int = 0
+    consumed: int = 0
+    """Micro-batches of the current epoch already used."""
+    epoch_start: torch.Tensor | None = None
+    """The order generator's state when the current epoch began."""
+    seconds: float = 0.0
+    """Training time spent by earlier attempts."""
+    seconds_now: float = 0.0
+    """Training time up to the checkpoint being written."""
+    saved_step: int = -1
+    checkpoint_bytes: int = 0
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
+          latest: Path | None) -> dict[str, Any]:
+    cfg, model, data, handle, steps = built.cfg, built.model, built.data, built.handle, built.steps
+    t_cfg, device = cfg.train, built.device
+    model.to(device)
+    model.train()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    autocast, amp_dtype = autocast_factory(t_cfg.precision, device)
+    optimizer = torch.optim.AdamW(handle.trainable, lr=t_cfg.learning_rate,
+                                  weight_decay=t_cfg.weight_decay)
+    stepper = Stepper(
+        model, handle, optimizer,
+        torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(t_cfg.warmup_steps, steps)),
+        torch.amp.GradScaler("cuda", enabled=amp_dtype is torch.float16),  # fp16 only
+        grad_accum=t_cfg.grad_accum, max_grad_norm=t_cfg.max_grad_norm, autocast=autocast)
+    generator = torch.Generator().manual_seed(t_cfg.seed)
+    lengths = example_lengths(data.train) if t_cfg.group_by_length else None
+    batches = EpochBatches(data.train, t_cfg.batch_size, generator, lengths)
+    loader = DataLoader(data.train, batch_sampler=batches, collate_fn=data.collate,
+                        generator=generator)
+    pos = _restore(latest, built, stepper, run) if latest is not None else Position()
+
+    start = time.perf_counter()
+
+    def save() -> None:
+        with stop.deferred():
+            pos.seconds_now = pos.seconds + time.perf_counter() - start
+            path = _save(run, built, stepper, generator, pos)
+            pos.saved_step = pos.step
+            pos.checkpoint_bytes = sum(f.stat().st_size for f in path.iterdir())
+
+    with TrainProgress(total=steps, disable=quiet, start=pos.step) as progress, \
+            _heartbeat(run) as beat:
+        beat.step = pos.step
+        while pos.step < steps:
+            if pos.epoch_start is None:  # a fresh epoch (not one being resumed)
+                pos.epoch_start, pos.consumed = generator.get_state(), 0
+            else:
+                generator.set_state(pos.epoch_start)
+            batches.skip = pos.consumed
+            micro, loss_sum = 0, 0.0
+            for batch in loader:
+                with stop.deferred():
+                    batch = {k: v.to(device) for k, v in batch.items()}
+                    loss, reg = stepper.backward(batch)
+                    micro, loss_sum, pos.consumed = micro + 1, loss_sum + loss, pos.consumed + 1
+                    if micro % t_cfg.grad_accum and pos.consumed < len(loader):
+                        continue
+                    pos.step += 1
+                    faults.hit("midstep", pos.step)
+                    lr, logs = stepper.update(pos.step)
+                    row = _train_row(pos.step, loss_sum / micro, lr, logs, reg)
+                    micro, loss_sum = 0, 0.0
+                    if "ranks" in logs:
+                        run.log_ranks(pos.step, logs["ranks"])
+                    if pos.step % t_cfg.log_every == 0 or pos.step == steps:
+                        run.log(row)
+                    progress.advance(row)
+                    beat.step = pos.step
+                    faults.hit("step", pos.step)
+                if t_cfg.eval_every and pos.step % t_cfg.eval_every == 0 and pos.step < steps:
+                    _evaluate(built, device, autocast, pos.step, run, progress)
+                if t_cfg.save_every and pos.step % t_cfg.save_every == 0:
+                    save()
+                if stop.received:
+                    if pos.saved_step != pos.step:
+                        save()
+                    err = Preempted(f"stopped by {stop.received} at step {pos.step}; resume "
+                                    f"with adalora train --resume {run.path}")
+                    err.step = pos.step
+                    raise err
+                if pos.step >= steps:
+                    break
+            else:  # the epoch ran out: the next one draws a new order
+                pos.epoch, pos.epoch_start = pos.epoch + 1, None
+        if pos.saved_step != pos.step:
+            save()  # protects the final evaluation (long for SQuAD and summarization)
+        train_seconds = pos.seconds + time.perf_counter() - start
+        results = _evaluate(built, device, autocast, pos.step, run, progress)
+        if hasattr(built.task, "save_predictions"):  # e.g. predictions.json for SQuAD
+            built.task.save_predictions(run.path)
+
+    # epochs actually run (fractional under max_steps): the report's time per epoch
+    epochs = steps / math.ceil(len(loader) / t_cfg.grad_accum)
+    summary = _finish_outputs(built, run, results, train_seconds, epochs)
+    summary["data"] = data.info  # split sizes and sources: what T was computed from
+    summary["checkpoint_bytes"] = pos.checkpoint_bytes
+    return summary
+
+
+def _heartbeat(run: RunDir):
+    from ..lifecycle import Heartbeat
+    return Heartbeat(run.path)
+
+
+def _train_row(step: int, loss: float, lr: float, logs: dict[str, Any],
+               reg: torch.Tensor | None) -> dict[str, Any]:
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"loss became {loss} at step {step}; lower "
+                                 "train.learning_rate")
+    row: dict[str, Any] = {"step": step, "loss": round(loss, 6), "lr": lr}
+    if "budget" in logs:
+        row["budget"] = int(logs["budget"])
+    if reg is not None:
+        row["orth_reg"] = round(float(reg.detach()), 6)
+    return row
+
+
+def _evaluate(built: Built, device, autocast, step: int, run: RunDir,
+              progress: TrainProgress) -> dict[str, dict[str, float]]:
+    results = {}
+    for split, dataset in built.data.eval_splits.items():
+        progress.note(f"evaluating {split}")
+        metrics = built.task.evaluate(
+            built.model, split, dataset, batch_size=built.cfg.train.eval_batch_size,
+            collate=built.data.collate, device=device, autocast=autocast)
+        results[split] = {k: float(v) for k, v in metrics.items()}
+        run.log({"step": step, "split": split, **results[split]})
+        faults.hit("eval", step)
+    progress.note("")
+    return results
+
+
+def _save(run: RunDir, built: Built, stepper: Stepper, generator: torch.Generator,
+          pos: Position) -> Path:
+    allocator = built.handle.allocator
+    state = {
+        "optimizer": stepper.optimizer.state_dict(),
+        "scheduler": stepper.scheduler.state_dict(),
+        "scaler": stepper.scaler.state_dict(),
+        "allocator": allocator.state_dict() if allocator is not None else None,
+        "rng": ckpt.rng_state(),
+        "data": {"epoch": pos.epoch, "epoch_start": pos.epoch_start, "consumed": pos.consumed,
+                 "generator": generator.get_state()},
+        "streams": run.stream_sizes(),
+        "train_seconds": pos.seconds_now,
+    }
+    return ckpt.save_checkpoint(run.path, pos.step, trained_state(built.model, built.handle),
+                                state, keep=built.cfg.train.keep_checkpoints)
+
+
+def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir) -> Position:
+    tensors, state = ckpt.load_checkpoint(path)
+    names = {name for name, _ in built.model.named_parameters()}
+    unknown = sorted(set(tensors) - names)
+    if unknown:
+        raise ValueError(f"{path} holds tensors this model lacks ({unknown[0]}); it was "
+                         "written for another model or method")
+    built.model.load_state_dict(tensors, strict=False)
+    stepper.optimizer.load_state_dict(state["optimizer"])
+    stepper.scheduler.load_state_dict(state["scheduler"])
+    stepper.scaler.load_state_dict(state["scaler"])
+    if built.handle.allocator is not None:
+        built.handle.allocator.load_state_dict(state["allocator"])
+    ckpt.set_rng_state(state["rng"])
+    run.truncate_streams(state["streams"])
+    data = state["data"]
+    return Position(step=state["step"], epoch=data["epoch"], consumed=data["consumed"],
+                    epoch_start=data["epoch_start"], seconds=state["train_seconds"],
+                    saved_step=state["step"])
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _finish_outputs(built: Built, run: RunDir, results, train_seconds: float,
+                    epochs: float) -> dict[str, Any]:
+    cfg, handle = built.cfg, built.handle
+    status = RunDir.read_status(run.path) or {}
+    summary: dict[str, Any] = {
+        "task": cfg.task.name,
+        "method": cfg.method.name,
+        "model": cfg.model.name_or_path,
+        "seed": cfg.train.seed,
+        "adapter_params": handle.adapter_params,
+        "head_params": handle.head_params,
+        "n_matrices": handle.n_matrices,
+        "total_steps": built.steps,
+        "metrics": results,
+        "train_seconds": round(train_seconds, 2),
+        "peak_memory_bytes": _peak_memory(built.device),
+        "device": str(built.device),
+        "epochs": round(epochs, 4),
+        "budget_level": cfg.sweep.budget_level,
+        "attempts": int(status.get("attempt", 1)),
+    }
+    allocator = handle.allocator
+    if allocator is not None:
+        pattern = allocator.rank_pattern()
+        run.write_json(RANK_PATTERN, pattern)
+        summary["final_adapter_params"] = allocator.final_adapter_params()
+        summary["final_budget"] = sum(pattern.values())
+        from ..heatmap import plot_rank_heatmap
+        plot_rank_heatmap(pattern, run.path / HEATMAP,
+                          title=f"{cfg.task.name} {cfg.method.name}: final ranks "
+                                f"(budget {sum(pattern.values())})")
+    if cfg.train.save_weights:
+        summary["weights"] = save_weights(built.model, handle, cfg, run.path, built.tokenizer)
+    return summary

@@ -1,0 +1,52 @@
+"""Preemption: SIGTERM and SIGUSR1 end a run with a checkpoint, marked ``preempted``.
+
+Schedulers (SLURM's ``--signal``, Kubernetes, ``kill``) send one of these before they kill
+a job. Inside an optimizer step the handler only takes note, and the loop stops at the next
+step boundary, where the state is whole and can be checkpointed. Elsewhere (loading, an
+evaluation) it raises at once: nothing there is worth finishing, and the run resumes from
+its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(Exception):
+    """The process was asked to stop (SIGTERM or SIGUSR1)."""
+
+
+class StopSignals:
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._deferred = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.received = signal.Signals(signum).name
+        if not self._deferred:
+            raise Preempted(f"stopped by {self.received}")
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Inside: a signal is only noted; the caller checks :attr:`received`."""
+        self._deferred = True
+        try:
+            yield
+        finally:
+            self._deferred = False

@@ -1,0 +1,61 @@
+"""One optimizer step, shared by the training loop and ``benchmarks/step_time.py``.
+
+Order inside a step follows SPEC section 5 (the authors' code): backward on every
+micro-batch -> unscale -> clip -> optimizer.step -> lr step -> method.after_step(t) (AdaLoRA
+scores and masks) -> zero_grad. ``t`` counts optimizer steps from 1, after accumulation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..methods.base import MethodHandle
+
+
+@dataclass
+class Stepper:
+    """The pieces one optimizer step touches, built once per run."""
+
+    model: torch.nn.Module
+    handle: MethodHandle
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    grad_accum: int = 1
+    max_grad_norm: float = 1.0
+    autocast: Callable[[], Any] = contextlib.nullcontext
+
+    def backward(self, batch: dict[str, torch.Tensor]) -> tuple[float, torch.Tensor | None]:
+        """Forward and backward one micro-batch; returns (task loss, unweighted regularizer)."""
+        handle = self.handle
+        with self.autocast():
+            loss = self.model(**batch).loss
+        reg = handle.regularizer() if handle.regularizer is not None else None
+        total = loss + handle.reg_weight * reg if reg is not None else loss
+        self.scaler.scale(total / self.grad_accum).backward()
+        return float(loss.detach()), reg
+
+    def update(self, t: int) -> tuple[float, dict[str, Any]]:
+        """Apply the accumulated gradients as optimizer step ``t`` (from 1).
+
+        Returns the learning rate the step used and what the method's after-step logged."""
+        opt = self.optimizer
+        if self.scaler.is_enabled():
+            # Unscale always, not only to clip: the allocator's |w * grad| (Eq. 8) must see
+            # true gradients, not ones multiplied by a moving loss scale.
+            self.scaler.unscale_(opt)
+        if self.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.handle.trainable, self.max_grad_norm)
+        lr = opt.param_groups[0]["lr"]  # the rate this step used
+        self.scaler.step(opt)
+        self.scaler.update()
+        self.scheduler.step()
+        after = self.handle.after_step
+        logs = after(t) if after is not None else {}
+        opt.zero_grad(set_to_none=True)
+        return lr, logs

@@ -1,0 +1,63 @@
+"""Runs of the smoke config in forked processes, so a test can SIGKILL a real training
+process at an exact point (``ADALORA_FAULT``) without paying for a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import adalora_cli.engine.loop  # noqa: F401  (imported once here, inherited by every fork)
+import adalora_cli.heatmap  # noqa: F401
+from adalora_cli.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = str(ROOT / "configs" / "smoke" / "glue.yaml")
+COMPARED = ("metrics.jsonl", "rank_history.jsonl", "rank_pattern.json",
+            "adapter_model.safetensors")
+
+
+def forked(args: list[str], fault: str | None = None) -> int:
+    """``adalora ARGS`` in a forked child; its exit code, or -9 when a fault killed it."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            if fault:
+                os.environ["ADALORA_FAULT"] = fault
+            else:
+                os.environ.pop("ADALORA_FAULT", None)
+            code = CliRunner().invoke(app, args, catch_exceptions=False).exit_code
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def smoke_args(out: Path, *overrides: str) -> list[str]:
+    return ["train", SMOKE, *overrides, "--run-dir", str(out), "--quiet"]
+
+
+@pytest.fixture()
+def smoke(in_repo):
+    return smoke_args
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """The smoke run uninterrupted (save_every=3), to compare resumed runs against."""
+    out = tmp_path_factory.mktemp("baseline") / "run"
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert forked(smoke_args(out, "train.save_every=3")) == 0
+    finally:
+        os.chdir(cwd)
+    return out
+
+
+def same_outputs(a: Path, b: Path) -> list[str]:
+    """The compared files that differ between two run directories."""
+    return [name for name in COMPARED if (a / name).read_bytes() != (b / name).read_bytes()]
