@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .rundir import HEARTBEAT, STATUS
+from .rundir import HEARTBEAT, LAUNCH, STATUS
 
 
 def heartbeat_seconds() -> float:
@@ -82,22 +82,49 @@ def owner_alive(path: Path) -> tuple[bool, str]:
         return False, "no readable status.json"
     if status.get("status") != "running":
         return False, f"status {status.get('status')!r}"
-    pid = status.get("pid")
-    host = status.get("host", socket.gethostname())  # runs from before hosts were recorded
+    return process_alive(status, heartbeat=read_heartbeat(path) or _written(path / STATUS))
+
+
+def _written(path: Path) -> dict[str, float]:
+    """A file's modification time as a heartbeat: before the first beat, the claim is one."""
+    try:
+        return {"time": path.stat().st_mtime}
+    except OSError:
+        return {"time": 0.0}
+
+
+def launch_alive(path: Path) -> bool:
+    """Whether a live sweep is starting this run (``launch.json``, see the sweep runner)."""
+    try:
+        record = json.loads((Path(path) / LAUNCH).read_text())
+    except (OSError, ValueError):
+        return False
+    return process_alive(record, heartbeat=_written(Path(path) / LAUNCH))[0]
+
+
+def process_alive(record: dict[str, Any], heartbeat: dict[str, Any] | None = None
+                  ) -> tuple[bool, str]:
+    """(alive, why) for the process an :func:`identity` record names.
+
+    On its own host the pid, its start time and the boot id decide; from another host only
+    a fresh ``heartbeat`` can say it lives (without one it is taken as alive)."""
+    pid = record.get("pid")
+    host = record.get("host", socket.gethostname())  # runs from before hosts were recorded
     if host == socket.gethostname():
-        if status.get("boot_id") and status.get("boot_id") != _boot_id():
+        if record.get("boot_id") and record.get("boot_id") != _boot_id():
             return False, "the machine rebooted since it started"
         if not _pid_alive(pid):
             return False, f"process {pid} is gone"
-        start = status.get("pid_start")
+        start = record.get("pid_start")
         if start is not None and _start_ticks(pid) != start:
             return False, f"process {pid} is gone (its pid now belongs to another process)"
         return True, f"process {pid} on this host"
-    beat = read_heartbeat(path) or {}
-    age = time.time() - float(beat.get("time", 0))
+    if heartbeat is None:
+        return True, f"process {pid} on {host}"
+    age = time.time() - float(heartbeat.get("time", 0))
     if age > stale_after():
-        return False, f"no heartbeat from {status.get('host')} for {age:.0f} s"
-    return True, f"process {pid} on {status.get('host')} (heartbeat {age:.0f} s ago)"
+        return False, f"no heartbeat from {host} for {age:.0f} s"
+    return True, f"process {pid} on {host} (heartbeat {age:.0f} s ago)"
 
 
 class Heartbeat:

@@ -48,6 +48,8 @@ FULL_MODEL = "model"
 HEARTBEAT = "heartbeat.json"
 CHECKPOINTS = "checkpoints"
 LOCK = ".lock"
+LAUNCH = "launch.json"
+"""Written by the sweep that is starting a run's process, so another sweep leaves it alone."""
 STREAMS = (METRICS, RANK_HISTORY)
 """Append-only files that a resumed run cuts back to their length at its checkpoint."""
 
@@ -88,7 +90,8 @@ def json_safe(value: Any) -> Any:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """Exclusive ownership decisions on one run directory (flock on its ``.lock``)."""
     fd = os.open(path / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -124,8 +127,8 @@ class RunDir:
         if path.exists() and not path.is_dir():
             raise ConfigError(f"run directory {path} is a file; choose another --run-dir")
         path.mkdir(parents=True, exist_ok=True)
-        with _locked(path):
-            if any(p.name != LOCK for p in path.iterdir()):
+        with locked(path):
+            if any(p.name not in (LOCK, LAUNCH) for p in path.iterdir()):
                 alive, why = owner_alive(path)
                 if alive:
                     raise RunBusy(f"run directory {path} is being run by {why}")
@@ -160,7 +163,7 @@ class RunDir:
         from .lifecycle import identity, owner_alive
 
         path = Path(path)
-        with _locked(path):
+        with locked(path):
             if is_finished(path):
                 raise ConfigError(f"run {path} is finished; nothing to resume (start a new "
                                   "run with adalora train CONFIG)")

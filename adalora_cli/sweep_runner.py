@@ -33,8 +33,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .config import load_config
-from .lifecycle import PARENT_ENV, owner_alive
-from .rundir import CONFIG, RunDir, is_finished
+from .lifecycle import PARENT_ENV, identity, launch_alive, owner_alive
+from .rundir import CONFIG, LAUNCH, RunDir, is_finished, locked
 from .sweep import PlannedRun, SweepSpec
 
 LOG = "sweep_log.jsonl"
@@ -58,11 +58,28 @@ def run_state(path: Path) -> str:
         return "finished"
     if not path.exists():
         return "missing"
+    if owner_alive(path)[0] or launch_alive(path):
+        return "running"
     if not (path / CONFIG).is_file():
         return "empty"
-    if owner_alive(path)[0]:
-        return "running"
     return "unfinished"
+
+
+def claim_launch(path: Path) -> str | None:
+    """Atomically take the right to start ``path``'s process: its state if taken (then
+    ``launch.json`` names this sweep until :func:`release_launch`), None if another process
+    finished it or is running it meanwhile."""
+    path.mkdir(parents=True, exist_ok=True)
+    with locked(path):
+        state = run_state(path)
+        if state in ("finished", "running"):
+            return None
+        (path / LAUNCH).write_text(json.dumps(identity()) + "\n")
+        return state
+
+
+def release_launch(path: Path) -> None:
+    (path / LAUNCH).unlink(missing_ok=True)
 
 
 def visible_gpus() -> list[str]:
@@ -183,11 +200,19 @@ def _settled(run: PlannedRun, sweep_dir: Path, console: Console) -> Outcome | No
 
 
 def _launch(run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
-            log: SweepLog) -> _Job:
+            log: SweepLog) -> _Job | None:
+    """Start the run's process, unless another sweep got to it first (then None)."""
     path = sweep_dir / run.name
-    state = run_state(path)
-    if state == "empty":  # a directory with no run in it (e.g. a claim cut short)
-        shutil.rmtree(path)
+    state = claim_launch(path)
+    if state is None:
+        return None
+    if state == "empty":  # a directory with no run in it (e.g. a start cut short)
+        for child in path.iterdir():
+            if child.name not in (LAUNCH, ".lock"):
+                if child.is_dir():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
     resume = state == "unfinished"
     if resume:
         old = (RunDir.read_status(path) or {}).get("status", "no status")
@@ -256,11 +281,17 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
                         if settled is not None:
                             done(settled)
                             continue
-                        running[slot] = _launch(run, sweep_dir, gpu, len(slots), log)
+                        job = _launch(run, sweep_dir, gpu, len(slots), log)
+                        if job is None:  # claimed by another sweep between the checks
+                            settled = _settled(run, sweep_dir, console)
+                            done(settled or Outcome(run, "busy"))
+                            continue
+                        running[slot] = job
                 for slot, job in list(running.items()):
                     if job.proc.poll() is None:
                         continue
                     del running[slot]
+                    release_launch(job.run_dir)
                     done(job.outcome())
                 names = ", ".join(j.run.name for j in running.values())
                 progress.update(overall, note=f"running {names}" if names else "")
@@ -270,6 +301,7 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
                 job.proc.send_signal(signal.SIGTERM)  # checkpoints and ends preempted
             for job in running.values():
                 job.proc.wait()
+                release_launch(job.run_dir)
                 log.event(job.run.name, "interrupted")
             raise
     order = {r.name: i for i, r in enumerate(runs)}

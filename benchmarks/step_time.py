@@ -21,6 +21,7 @@ import torch
 
 from adalora_cli.config import load_config
 from adalora_cli.engine.build import load_model, resolve_resources
+from adalora_cli.engine.step import Stepper
 from adalora_cli.methods import apply_method
 from adalora_cli.tasks import get_task
 
@@ -37,19 +38,15 @@ def make_stepper(method: str, rank: int, total: int, batch: dict):
     handle = apply_method(model, cfg, total)
     model.train()
     opt = torch.optim.AdamW(handle.trainable, lr=1e-4)
+    # the training loop's own step: forward+backward, clip, AdamW, lr step, after-step
+    stepper = Stepper(model, handle, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                      torch.amp.GradScaler("cuda", enabled=False), max_grad_norm=1.0)
     state = {"t": 0}
 
     def step() -> None:
-        loss = model(**batch).loss
-        if handle.regularizer is not None:
-            loss = loss + handle.reg_weight * handle.regularizer()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(handle.trainable, 1.0)
-        opt.step()
+        stepper.backward(batch)
         state["t"] += 1
-        if handle.after_step is not None:
-            handle.after_step(state["t"])
-        opt.zero_grad(set_to_none=True)
+        stepper.update(state["t"])
 
     return step
 

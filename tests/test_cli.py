@@ -204,3 +204,105 @@ def test_sigterm_preempts_with_a_checkpoint(tmp_path):
     assert "Traceback" not in stderr and not (out / "summary.json").exists()
     # the rows stop at the checkpointed step: nothing after it was logged
     assert max(r["step"] for r in read_metrics(out) if "loss" in r) == step
+
+
+def one_error_line(result) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["adalora.init_rank=40"], "adalora.init_rank=40 exceeds the smallest adapted matrix "
+                               "dimension (32)"),
+    (["train.learning_rate=inf"], "train.learning_rate must be a finite number, got inf"),
+    (["adalora.gamma=nan"], "adalora.gamma must be a finite number, got nan"),
+    (["train.device=tpu9"], "train.device='tpu9' is not a device"),
+    (["train.device=cuda"], "CUDA is not available; use train.device=cpu"),
+    (["model.name_or_path=tests/fixtures/no-such-model"],
+     "model folder tests/fixtures/no-such-model does not exist"),
+    (["train.save_every=-1"], "train.save_every must be >= 0"),
+])
+def test_more_bad_input_before_any_run_directory(tmp_path, in_repo, overrides, fragment):
+    if "train.device=cuda" in overrides:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", SMOKE, *overrides, "--run-dir", str(out)])
+    assert result.exit_code == 2
+    assert fragment in one_error_line(result)
+    assert not out.exists()
+
+
+def test_empty_config_and_directory_config(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("\n# nothing here\n")
+    result = runner.invoke(app, ["train", str(empty)])
+    assert result.exit_code == 2 and f"{empty} is empty" in one_error_line(result)
+    result = runner.invoke(app, ["train", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"{tmp_path} is a directory, not a config file" in one_error_line(result)
+
+
+def test_resume_refusals(tmp_path, in_repo, adalora_run):
+    # a finished run
+    result = runner.invoke(app, ["train", "--resume", str(adalora_run)])
+    assert result.exit_code == 2 and "is finished; nothing to resume" in one_error_line(result)
+    # not a run
+    result = runner.invoke(app, ["train", "--resume", str(tmp_path)])
+    assert result.exit_code == 2 and "is not a run directory" in one_error_line(result)
+    # an unfinished run, but an override that changes what it computes
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(adalora_run, broken)
+    (broken / "summary.json").unlink()
+    status = json.loads((broken / "status.json").read_text())
+    (broken / "status.json").write_text(json.dumps({**status, "status": "failed"}))
+    for key in ("adalora.t_final=4", "train.seed=3", "train.batch_size=4", "method.name=lora",
+                "task.name=rte", "model.name_or_path=x", "train.learning_rate=1e-3"):
+        result = runner.invoke(app, ["train", "--resume", str(broken), key])
+        line = one_error_line(result)
+        assert result.exit_code == 2
+        assert f"{key.split('=')[0]} cannot change when resuming" in line, key
+    # a run owned by a live process (this one)
+    from adalora_cli.lifecycle import identity
+    (broken / "status.json").write_text(json.dumps({"status": "running", **identity()}))
+    result = runner.invoke(app, ["train", "--resume", str(broken)])
+    assert result.exit_code == 73 and "is being run by process" in one_error_line(result)
+
+
+def test_resume_without_a_checkpoint_starts_over_with_a_note(tmp_path, in_repo, adalora_run):
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(adalora_run, broken)
+    (broken / "summary.json").unlink()
+    (broken / "status.json").write_text(json.dumps({"status": "failed", "error": "x"}))
+    result = runner.invoke(app, ["train", "--resume", str(broken), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert f"note: {broken} has no checkpoint yet; starting it over from step 0" in \
+        " ".join(result.output.split())
+    assert (broken / "metrics.jsonl").read_bytes() == (adalora_run / "metrics.jsonl").read_bytes()
+    assert json.loads((broken / "status.json").read_text())["status"] == "finished"
+
+
+def test_sweep_and_report_paths_that_are_files(tmp_path, in_repo, adalora_run):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    result = runner.invoke(app, ["sweep", SMOKE, "--sweep-dir", str(a_file)])
+    assert result.exit_code == 2 and "--sweep-dir" in one_error_line(result)
+    result = runner.invoke(app, ["sweep", SMOKE, "--sweep-dir", str(a_file / "sub"), "-q"])
+    assert result.exit_code == 1 and "Not a directory" in one_error_line(result)
+    result = runner.invoke(app, ["report", str(adalora_run), "--out", str(a_file)])
+    assert result.exit_code == 2 and "--out" in one_error_line(result)
+    result = runner.invoke(app, ["report", str(adalora_run), "--format", "csv", "--out",
+                                 str(a_file / "sub")])
+    assert result.exit_code == 1 and "Not a directory" in one_error_line(result)
+
+
+def test_a_huge_budget_is_refused_before_allocating(in_repo):
+    """--budget 100000 on the smoke model asked for r0 = 12,500 and was OOM-killed."""
+    result = runner.invoke(app, ["sweep", SMOKE, "--budget", "100000", "--dry-run"])
+    assert result.exit_code == 2
+    assert "adalora.init_rank=12500 exceeds the smallest adapted matrix dimension" in \
+        one_error_line(result)
