@@ -277,5 +277,54 @@ def _emit_report(result, formats: list[str], out_dir: Path | None, figures: bool
                     highlight=False, soft_wrap=True)
 
 
+# ------------------------------------------------------------------- export / eval / predict
+# (issue 10: appended; the existing commands above are unchanged)
+
+
+def _run_guarded(action):
+    """Run ``action()``; a ConfigError is one line and exit 2, anything else one line and 1."""
+    try:
+        return action()
+    except ConfigError as e:
+        if _debug():
+            raise
+        _fail(str(e), 2)
+    except KeyboardInterrupt:
+        _fail("interrupted; nothing was left half-written", 130)
+    except Exception as e:
+        if _debug():
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        _fail(f"{type(e).__name__}: {first}; rerun with ADALORA_DEBUG=1 for the traceback", 1)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def export(
+    run_dir: Path = typer.Argument(..., help="A finished run directory"),
+    out_dir: Path = typer.Argument(..., help="New folder to write (must not exist)"),
+    fmt: str = typer.Option("peft", "--format", "-f",
+                            help="peft (PeftModel.from_pretrained loads it) or merged (Delta W "
+                                 "folded into the weights: a plain transformers model)"),
+) -> None:
+    """Export a trained run as a PEFT adapter or a merged transformers model."""
+    from .export import export_run
+
+    _quiet_libraries()
+    info = _run_guarded(lambda: export_run(run_dir, fmt, out_dir))
+    console = out()
+    if info["format"] == "peft":
+        kept = info["adapter_params"]
+        at_r0 = info["adapter_params_at_r0"]
+        note = f" (of {at_r0:,} at r0)" if kept != at_r0 else ""
+        console.print(f"PEFT {info['task_type'] or ''} adapter: {kept:,} adapter params{note}, "
+                      f"{info['head_params']:,} head params, {info['bytes']:,} bytes",
+                      highlight=False, soft_wrap=True)
+    else:
+        console.print(f"merged {info['merged_matrices']} matrices into a "
+                      f"{info['model_class']}: {info['bytes']:,} bytes", highlight=False,
+                      soft_wrap=True)
+    console.print(f"wrote {out_dir}", highlight=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

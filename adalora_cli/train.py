@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from . import resources
 from .config import ConfigError, RunConfig
+from .export import export_facts  # issue 10: what an export needs, in summary.json
 from .methods import apply_method, parameter_table
 from .methods.base import MethodHandle
 from .progress import TrainProgress
@@ -290,6 +291,7 @@ def _finish_outputs(cfg, model, tokenizer, handle, run, steps, results, train_se
         "epochs": round(epochs, 4) if epochs is not None else None,
         "budget_level": cfg.sweep.budget_level,
     }
+    summary["export"] = export_facts(cfg, model, handle)  # issue 10: base model, targets, hparams
     allocator = handle.extras.get("allocator")
     if allocator is not None:
         pattern = allocator.rank_pattern()
