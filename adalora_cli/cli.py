@@ -326,5 +326,48 @@ def export(
     console.print(f"wrote {out_dir}", highlight=False)
 
 
+@app.command("eval", context_settings={"allow_extra_args": False})
+def eval_run(
+    run_dir: Path = typer.Argument(..., help="A finished run directory"),
+    overrides: list[str] | None = typer.Argument(
+        None, help="task.* overrides, e.g. task.data_files.validation=my_dev.tsv"),
+    name: str | None = typer.Option(
+        None, "--name", help="Result name: eval/<name>.json (default: the data file's stem, "
+                             "or 'default' for the task's own evaluation splits)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+) -> None:
+    """Score a finished run again, on its evaluation splits or other data; writes
+    eval/<name>.json in the run directory and leaves the training results alone."""
+    from .rescore import rescore
+
+    _quiet_libraries()
+    path = _run_guarded(lambda: rescore(run_dir, overrides or [], name, quiet=quiet))
+    result = json.loads(path.read_text())
+    console = out()
+    for split, metrics in result["metrics"].items():
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        console.print(f"{split}: {shown}", highlight=False)
+    console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+
+
+@app.command("predict", context_settings={"allow_extra_args": False})
+def predict_cmd(
+    run_dir: Path = typer.Argument(..., help="A finished run directory"),
+    input_path: Path = typer.Option(..., "--input", "-i",
+                                    help="jsonl/csv/tsv/json/parquet in the task's columns"),
+    output_path: Path = typer.Option(..., "--output", "-o", help="jsonl to write (new file)"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Rows per batch"),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Labels and scores (classification), answers (QA) or summaries, one JSON line per row."""
+    from .predict import predict
+
+    _quiet_libraries()
+    n = _run_guarded(lambda: predict(run_dir, input_path, output_path, batch_size=batch_size,
+                                     device=device, quiet=quiet))
+    out().print(f"wrote {n} predictions to {output_path}", highlight=False, soft_wrap=True)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())
