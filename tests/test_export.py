@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import peft  # the `test` extra (make test installs it): the real library, offline
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.weights import load_run
-
-peft = pytest.importorskip("peft", reason="the test extra installs peft (make test does)")
-from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_BERT = str(ROOT / "tests/fixtures/tiny-bert")
