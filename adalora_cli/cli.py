@@ -114,7 +114,20 @@ def _print_dry_run(result: dict) -> None:
     info = result["info"]
     console.print(f"adapter params (the paper's # Params): {info['adapter_params']:,}  "
               f"head params: {info['head_params']:,}  matrices: {info['n_matrices']}")
+    if "final_budget" in info:  # issue 10: AdaLoRA trains at r0 but keeps only b(T)
+        _print_final_budget(console, info)
     print(json.dumps(info), flush=True)  # last line: machine-readable
+
+
+def _print_final_budget(console: Console, info: dict) -> None:
+    lo, hi, even = (info["final_params_min"], info["final_params_max"],
+                    info["final_params_uniform"])
+    kept = f"{lo:,}" if lo == hi else f"{lo:,} to {hi:,} by rank pattern"
+    if even is not None and lo != hi:
+        rank = info["final_budget"] // info["n_matrices"]
+        kept += f", {even:,} if every matrix ends at rank {rank}"
+    console.print(f"trains at r0: {info['adapter_params_at_r0']:,} adapter params; b(T) = "
+                  f"{info['final_budget']} keeps {kept}", highlight=False, soft_wrap=True)
 
 
 def _print_result(path: Path) -> None:

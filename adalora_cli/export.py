@@ -49,6 +49,17 @@ def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> dict
     }
 
 
+def budget_info(cfg: RunConfig, handle: MethodHandle) -> dict[str, Any]:
+    """For a pruning method (AdaLoRA, prune-LoRA): the parameters b(T) keeps (dry run)."""
+    pruning = cfg.adalora.prune if cfg.method.name == "adalora" else (
+        cfg.method.name == "lora" and cfg.lora.prune)
+    if not pruning:
+        return {}
+    from .methods.budget_params import final_budget_params, triplet_costs
+
+    return final_budget_params(triplet_costs(handle.extras["layers"]), cfg.adalora.budget)
+
+
 def check_run(run_dir: Path) -> dict[str, Any]:
     """The summary of a finished run; anything else is a one-line ConfigError."""
     if not run_dir.is_dir():

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from . import resources
 from .config import ConfigError, RunConfig
-from .export import export_facts  # issue 10: what an export needs, in summary.json
+from .export import budget_info, export_facts  # issue 10: export facts, dry-run budget
 from .methods import apply_method, parameter_table
 from .methods.base import MethodHandle
 from .progress import TrainProgress
@@ -124,6 +124,7 @@ def dry_run(cfg: RunConfig) -> dict[str, Any]:
         "method": cfg.method.name,
         "model": cfg.model.name_or_path,
     }
+    info.update(budget_info(cfg, handle))  # issue 10: r0 count vs what b(T) keeps
     return {"table": table, "info": info}
 
 
