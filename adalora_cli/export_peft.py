@@ -13,7 +13,8 @@ dependency). The mapping onto PEFT's names and conventions:
 - The export is compact, as PEFT itself saves a trained AdaLoRA adapter: ``rank_pattern``
   holds one keep-flag per initial triplet and the tensors hold only the kept triplets, so
   the file has the paper's "# Params" (plus the head) rather than the r0 count.
-- The task head travels as PEFT's ``modules_to_save``.
+- The task head travels as PEFT's ``modules_to_save``; the task type tells PEFT which
+  wrapper to build (none for QA models that use segment ids, see :func:`peft_task_type`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,12 @@ def check_peft_method(method: str | None) -> None:
 
 def peft_task_type(model: nn.Module) -> str | None:
     name = type(model).__name__
-    return next((kind for suffix, kind in _TASK_TYPES if name.endswith(suffix)), None)
+    kind = next((kind for suffix, kind in _TASK_TYPES if name.endswith(suffix)), None)
+    if kind == "QUESTION_ANS" and getattr(model.config, "type_vocab_size", 0) > 1:
+        # PEFT's question-answering wrapper (0.21) does not pass token_type_ids on, which
+        # changes every BERT-style answer; the plain PeftModel passes all inputs through.
+        return None
+    return kind
 
 
 def kept_triplets(run_dir: Path, layers: list[tuple[str, SVDLinear]]) -> dict[str, torch.Tensor]:

@@ -34,6 +34,8 @@ RUNS = {
         "train.max_steps=6", "adalora.t_init=1", "adalora.t_final=2", "task.max_eval_samples=2"]),
     "bart-lora": ("configs/smoke/summarization.yaml", [
         "method.name=lora", "train.max_steps=2", "task.max_eval_samples=2"]),
+    "bert-squad-lora": ("configs/smoke/squad.yaml", ["method.name=lora", "train.max_steps=3",
+                                                     "train.eval_every=null"]),
     "bert-houlsby": ("configs/smoke/glue.yaml", ["method.name=houlsby", "train.max_steps=2",
                                                  "train.eval_every=null"]),
 }
@@ -163,6 +165,26 @@ def test_peft_export_of_bart_generates_the_same_ids(runs, tmp_path, method):
     assert (without - ref).abs().max() > 1e-2
     assert json.loads((tmp_path / "peft" / "adapter_config.json").read_text())[
         "task_type"] == "SEQ_2_SEQ_LM"
+
+
+def test_peft_export_of_a_bert_span_head_matches(runs, tmp_path):
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    run = runs["bert-squad-lora"]
+    result = export(run, "peft", tmp_path / "peft")
+    assert result.exit_code == 0, result.output
+    tok = AutoTokenizer.from_pretrained(TINY_BERT)
+    batch = tok(["who sat on the mat ?"], ["the cat sat on the mat all day"],
+                return_tensors="pt")  # a pair: segment ids matter
+    model, _, _ = load_run(run)
+    base = AutoModelForQuestionAnswering.from_pretrained(TINY_BERT)
+    theirs = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+    with torch.no_grad():
+        ref, got = model.eval()(**batch), theirs(**batch)
+    assert torch.allclose(got.start_logits, ref.start_logits, atol=1e-5, rtol=0)
+    assert torch.allclose(got.end_logits, ref.end_logits, atol=1e-5, rtol=0)
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert config["modules_to_save"] == ["qa_outputs"]
 
 
 @pytest.mark.parametrize("name, auto", [("bert-adalora", AutoModelForSequenceClassification),
