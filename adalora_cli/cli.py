@@ -226,6 +226,9 @@ def report(
     paper: bool = typer.Option(False, "--paper", help="Show the paper's numbers beside ours, "
                                                       "with the difference"),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Figures (with --out)"),
+    eval_name: str | None = typer.Option(
+        None, "--eval", help="Show the scores of `adalora eval ... --name NAME` "
+                             "(eval/NAME.json) instead of the training's"),
 ) -> None:
     """Tables (paper Tables 1-3, 9) and figures (3-5) from finished run directories."""
     from .report import build_report
@@ -240,7 +243,7 @@ def report(
         missing = [p for p in paths if not p.exists()]
         if missing:
             raise ConfigError(f"{missing[0]} does not exist; pass run directories or runs/")
-        result = build_report(list(paths), show_paper=paper)
+        result = build_report(list(paths), show_paper=paper, eval_name=eval_name)
         for path, reason in result.skipped:
             err().print(f"[yellow]warning:[/] skipped {path}: {reason}", highlight=False,
                         soft_wrap=True)

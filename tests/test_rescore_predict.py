@@ -88,6 +88,22 @@ def test_eval_on_other_data_scores_that_file(runs, tmp_path):
     assert saved["data"]["validation_source"] == str(mine)
 
 
+def test_report_shows_eval_scores(runs, tmp_path):
+    mine = tmp_path / "flipped.jsonl"
+    mine.write_text("".join(json.dumps({**r, "label": 1 - r["label"]}) + "\n"
+                            for r in rows(SST2)))
+    result = invoke("eval", str(runs["glue"]), f"task.data_files.validation={mine}", "--quiet")
+    assert result.exit_code == 0, result.output
+    accuracy = json.loads((runs["glue"] / "eval" / "flipped.json").read_text())["metrics"][
+        "validation"]["accuracy"]
+    trained = json.loads((runs["glue"] / "summary.json").read_text())["metrics"]["validation"]
+    assert accuracy == pytest.approx(1 - trained["accuracy"])  # every label flipped
+    result = invoke("report", str(runs["glue"].parent), "--eval", "flipped", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    assert f"{accuracy * 100:.2f}" in result.output
+    assert "skipped" in result.output and "no eval/flipped.json" in result.output
+
+
 def test_eval_keeps_squad_predictions_apart(runs):
     run = runs["squad"]
     before = digest(run / "predictions.json")
