@@ -22,7 +22,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="AdaLoRA and its baselines (Zhang et al., ICLR 2023): train, sweep, report.",
+    help="AdaLoRA and its baselines (Zhang et al., ICLR 2023): train, sweep, report, "
+         "export, eval, predict.",
 )
 
 
@@ -352,8 +353,9 @@ def eval_run(
                              "or 'default' for the task's own evaluation splits)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
 ) -> None:
-    """Score a finished run again, on its evaluation splits or other data; writes
-    eval/<name>.json in the run directory and leaves the training results alone."""
+    """Score a finished run again, on its evaluation splits or on other data.
+
+    Writes eval/<name>.json in the run directory; the training results stay as they were."""
     from .rescore import rescore
 
     _quiet_libraries()

@@ -143,9 +143,24 @@ def adalora_config(cfg: RunConfig, summary: dict[str, Any], n: int,
     }
 
 
+def check_base_rebuilds(cfg: RunConfig, model: nn.Module) -> None:
+    """PEFT rebuilds the base with ``from_pretrained(base_model_name_or_path)``; a model the
+    task built from another kind of checkpoint (the warm-started summarization demo) has no
+    such base."""
+    from transformers import AutoConfig
+
+    kind = getattr(model.config, "model_type", None)
+    base_kind = AutoConfig.from_pretrained(cfg.model.name_or_path).model_type
+    if kind != base_kind:
+        raise ConfigError(f"the run's {kind} model was built from the {base_kind} checkpoint "
+                          f"{cfg.model.name_or_path}, which PEFT cannot load as its base; "
+                          "use --format merged")
+
+
 def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
                summary: dict[str, Any], out: Path) -> dict[str, Any]:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out``."""
+    check_base_rebuilds(cfg, model)
     layers = [(p, m) for p, m in adapter_modules(model) if isinstance(m, SVDLinear | LoRALinear)]
     heads = head_modules(model)
     targets = [path for path, _ in layers]

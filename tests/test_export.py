@@ -248,3 +248,30 @@ def test_export_bad_input_is_one_line_and_writes_nothing(runs, tmp_path):
     result = export(unfinished, "peft", tmp_path / "out")
     assert result.exit_code == 2 and "not a finished run (status: running)" in result.output
     assert _left_behind(tmp_path) == ["taken", "unfinished"]
+
+
+@pytest.mark.slow
+def test_warm_started_demo_model_exports_merged_not_peft(tmp_path):
+    """The BBC demo's BART is built from the MiniLM BERT: PEFT has no base to load, the
+    merged folder is the whole model."""
+    run = tmp_path / "bbc"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        result = CliRunner().invoke(app, [
+            "train", "configs/demo/bbc_news.yaml", "train.max_steps=2",
+            "task.max_train_samples=8", "task.max_eval_samples=2", "adalora.t_init=0",
+            "adalora.t_final=1", "--run-dir", str(run), "--quiet"])
+    assert result.exit_code == 0, result.output
+    result = export(run, "peft", tmp_path / "peft")
+    assert result.exit_code == 2 and "use --format merged" in result.output
+    assert not (tmp_path / "peft").exists()
+    result = export(run, "merged", tmp_path / "merged")
+    assert result.exit_code == 0, result.output
+    model, tok, _ = load_run(run)
+    enc = tok(["the government said on monday that taxes will rise"], return_tensors="pt")
+    batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+             "decoder_input_ids": enc["input_ids"][:, :4]}
+    merged = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        assert torch.allclose(merged(**batch).logits, model.eval()(**batch).logits, atol=1e-5,
+                              rtol=0)
