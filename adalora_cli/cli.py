@@ -22,7 +22,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="AdaLoRA and its baselines (Zhang et al., ICLR 2023): train, sweep, report.",
+    help="AdaLoRA and its baselines (Zhang et al., ICLR 2023): train, sweep, report, "
+         "export, eval, predict.",
 )
 
 
@@ -161,7 +162,20 @@ def _print_dry_run(result: dict) -> None:
     info = result["info"]
     console.print(f"adapter params (the paper's # Params): {info['adapter_params']:,}  "
               f"head params: {info['head_params']:,}  matrices: {info['n_matrices']}")
+    if "final_budget" in info:  # issue 10: AdaLoRA trains at r0 but keeps only b(T)
+        _print_final_budget(console, info)
     print(json.dumps(info), flush=True)  # last line: machine-readable
+
+
+def _print_final_budget(console: Console, info: dict) -> None:
+    lo, hi, even = (info["final_params_min"], info["final_params_max"],
+                    info["final_params_uniform"])
+    kept = f"{lo:,}" if lo == hi else f"{lo:,} to {hi:,} by rank pattern"
+    if even is not None and lo != hi:
+        rank = info["final_budget"] // info["n_matrices"]
+        kept += f", {even:,} if every matrix ends at rank {rank}"
+    console.print(f"trains at r0: {info['adapter_params_at_r0']:,} adapter params; b(T) = "
+                  f"{info['final_budget']} keeps {kept}", highlight=False, soft_wrap=True)
 
 
 def _print_result(path: Path) -> None:
@@ -277,6 +291,9 @@ def report(
     paper: bool = typer.Option(False, "--paper", help="Show the paper's numbers beside ours, "
                                                       "with the difference"),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Figures (with --out)"),
+    eval_name: str | None = typer.Option(
+        None, "--eval", help="Show the scores of `adalora eval ... --name NAME` "
+                             "(eval/NAME.json) instead of the training's"),
 ) -> None:
     """Tables (paper Tables 1-3, 9) and figures (3-5) from finished run directories."""
     from .report import build_report
@@ -294,7 +311,7 @@ def report(
         if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
             raise ConfigError(f"--out {out_dir} is a file; pass a folder for the report "
                               "(it is created if missing)")
-        result = build_report(list(paths), show_paper=paper)
+        result = build_report(list(paths), show_paper=paper, eval_name=eval_name)
         for path, reason in result.skipped:
             err().print(f"[yellow]warning:[/] skipped {path}: {reason}", highlight=False,
                         soft_wrap=True)
@@ -346,6 +363,99 @@ def _emit_report(result, formats: list[str], out_dir: Path | None, figures: bool
         err().print(f"{len(result.runs)} runs; wrote {len(written)} files to {out_dir}: "
                     + ", ".join(str(p.relative_to(out_dir)) for p in written),
                     highlight=False, soft_wrap=True)
+
+
+# ------------------------------------------------------------------- export / eval / predict
+# (issue 10: appended; the existing commands above are unchanged)
+
+
+def _run_guarded(action):
+    """Run ``action()``; a ConfigError is one line and exit 2, anything else one line and 1."""
+    try:
+        return action()
+    except ConfigError as e:
+        if _debug():
+            raise
+        _fail(str(e), 2)
+    except KeyboardInterrupt:
+        _fail("interrupted; nothing was left half-written", 130)
+    except Exception as e:
+        if _debug():
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        _fail(f"{type(e).__name__}: {first}; rerun with ADALORA_DEBUG=1 for the traceback", 1)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def export(
+    run_dir: Path = typer.Argument(..., help="A finished run directory"),
+    out_dir: Path = typer.Argument(..., help="New folder to write (must not exist)"),
+    fmt: str = typer.Option("peft", "--format", "-f",
+                            help="peft (PeftModel.from_pretrained loads it) or merged (Delta W "
+                                 "folded into the weights: a plain transformers model)"),
+) -> None:
+    """Export a trained run as a PEFT adapter or a merged transformers model."""
+    from .export import export_run
+
+    _quiet_libraries()
+    info = _run_guarded(lambda: export_run(run_dir, fmt, out_dir))
+    console = out()
+    if info["format"] == "peft":
+        kept = info["adapter_params"]
+        at_r0 = info["adapter_params_at_r0"]
+        note = f" (of {at_r0:,} at r0)" if kept != at_r0 else ""
+        console.print(f"PEFT {info['task_type'] or ''} adapter: {kept:,} adapter params{note}, "
+                      f"{info['head_params']:,} head params, {info['bytes']:,} bytes",
+                      highlight=False, soft_wrap=True)
+    else:
+        console.print(f"merged {info['merged_matrices']} matrices into a "
+                      f"{info['model_class']}: {info['bytes']:,} bytes", highlight=False,
+                      soft_wrap=True)
+    console.print(f"wrote {out_dir}", highlight=False)
+
+
+@app.command("eval", context_settings={"allow_extra_args": False})
+def eval_run(
+    run_dir: Path = typer.Argument(..., help="A finished run directory"),
+    overrides: list[str] | None = typer.Argument(
+        None, help="task.* overrides, e.g. task.data_files.validation=my_dev.tsv"),
+    name: str | None = typer.Option(
+        None, "--name", help="Result name: eval/<name>.json (default: the data file's stem, "
+                             "or 'default' for the task's own evaluation splits)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+) -> None:
+    """Score a finished run again, on its evaluation splits or on other data.
+
+    Writes eval/<name>.json in the run directory; the training results stay as they were."""
+    from .rescore import rescore
+
+    _quiet_libraries()
+    path = _run_guarded(lambda: rescore(run_dir, overrides or [], name, quiet=quiet))
+    result = json.loads(path.read_text())
+    console = out()
+    for split, metrics in result["metrics"].items():
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        console.print(f"{split}: {shown}", highlight=False)
+    console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+
+
+@app.command("predict", context_settings={"allow_extra_args": False})
+def predict_cmd(
+    run_dir: Path = typer.Argument(..., help="A finished run directory"),
+    input_path: Path = typer.Option(..., "--input", "-i",
+                                    help="jsonl/csv/tsv/json/parquet in the task's columns"),
+    output_path: Path = typer.Option(..., "--output", "-o", help="jsonl to write (new file)"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Rows per batch"),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Labels and scores (classification), answers (QA) or summaries, one JSON line per row."""
+    from .predict import predict
+
+    _quiet_libraries()
+    n = _run_guarded(lambda: predict(run_dir, input_path, output_path, batch_size=batch_size,
+                                     device=device, quiet=quiet))
+    out().print(f"wrote {n} predictions to {output_path}", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -249,8 +249,9 @@ def _duplicate_seeds(tables: list[Table]) -> list[str]:
     return notes
 
 
-def build_report(paths: list[Path], show_paper: bool = False) -> Report:
-    runs, skipped = load_runs(paths)
+def build_report(paths: list[Path], show_paper: bool = False,
+                 eval_name: str | None = None) -> Report:
+    runs, skipped = load_runs(paths, eval_name)
     tables = build_tables(runs)
     return Report(tables, compare_to_lora(tables), training_cost(runs), runs, skipped,
                   _duplicate_seeds(tables), show_paper)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from .rundir import CONFIG, STATUS, SUMMARY, RunDir
+from .lifecycle import owner_alive, read_heartbeat
+from .rundir import CONFIG, EVAL, STATUS, SUMMARY, RunDir
 
 VAL = ("validation",)
 _FRACTIONS = {"accuracy", "f1", "matthews", "pearson", "spearman", "corr"}
@@ -117,14 +118,32 @@ def _size(method: str, config: dict, level: int | None) -> str:
     return ""
 
 
-def load_run(path: Path) -> Run | str:
-    """A finished run, or the reason it is left out."""
+def unfinished_reason(path: Path, status: dict) -> str:
+    """Why a run is not in the tables, and what to do: still running, or resumable."""
+    state = status.get("status")
+    resume = f"; resume with adalora train --resume {path}"
+    if state == "running":
+        alive, why = owner_alive(path)  # a dead owner leaves 'running' behind
+        if alive:
+            beat = read_heartbeat(path) or {}
+            step = f" at step {beat['step']}" if "step" in beat else ""
+            return f"still running{step} ({why})"
+        return f"died while running ({why}){resume}"
+    if state == "preempted":
+        return f"preempted at step {status.get('step')}{resume}"
+    error = status.get("error")
+    return f"status {state!r}" + (f" ({error})" if error else "") + (
+        resume if state == "failed" else "")
+
+
+def load_run(path: Path, eval_name: str | None = None) -> Run | str:
+    """A finished run, or the reason it is left out. ``eval_name``: show the metrics of
+    ``eval/<eval_name>.json`` (written by ``adalora eval``) instead of the training's."""
     status = RunDir.read_status(path)
     if status is None:
         return "no readable status.json"
     if status.get("status") != "finished":
-        error = status.get("error")
-        return f"status {status.get('status')!r}" + (f" ({error})" if error else "")
+        return unfinished_reason(path, status)
     try:
         summary = json.loads((path / SUMMARY).read_text())
     except OSError:
@@ -133,6 +152,13 @@ def load_run(path: Path) -> Run | str:
         return "summary.json is not valid JSON"
     if not isinstance(summary, dict) or not isinstance(summary.get("metrics"), dict):
         return "summary.json has no metrics mapping"
+    if eval_name is not None:  # issue 10: scores from `adalora eval`
+        try:
+            summary["metrics"] = json.loads((path / EVAL / f"{eval_name}.json").read_text())[
+                "metrics"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return (f"no eval/{eval_name}.json (write it with `adalora eval RUN ... "
+                    f"--name {eval_name}`)")
     task, method = summary.get("task"), summary.get("method")
     if not isinstance(task, str) or not isinstance(method, str):
         return "summary.json lacks task or method"
@@ -156,12 +182,13 @@ def _epochs_from_config(config: dict) -> float | None:
     return None if train.get("max_steps") else train.get("epochs")
 
 
-def load_runs(paths: list[Path]) -> tuple[list[Run], list[tuple[Path, str]]]:
+def load_runs(paths: list[Path], eval_name: str | None = None,
+              ) -> tuple[list[Run], list[tuple[Path, str]]]:
     """Finished runs, and (path, reason) for every run directory left out."""
     runs, skipped = [], []
     for path in find_run_dirs(paths):
         try:
-            result = load_run(path)
+            result = load_run(path, eval_name)
         except Exception as err:  # a malformed run must never stop the report
             result = f"malformed ({type(err).__name__}: {err})"
         if isinstance(result, Run):

@@ -13,6 +13,7 @@ Layout (all names fixed, so reports can rely on them)::
     rank_heatmap.png    AdaLoRA: final rank per layer and matrix type (paper Figure 3)
     adapter_model.safetensors   trained adapter + head (or model/ for method 'full')
     summary.json        written last: its presence means the run finished
+    eval/<name>.json    later re-scoring with adalora eval (never touches the above)
 
 A run is finished only when ``summary.json`` exists and ``status.json`` says so; a crash
 or a bad input leaves ``status: failed`` with the error, never a finished-looking run.
@@ -48,6 +49,8 @@ FULL_MODEL = "model"
 HEARTBEAT = "heartbeat.json"
 CHECKPOINTS = "checkpoints"
 LOCK = ".lock"
+EVAL = "eval"
+"""``adalora eval`` writes ``eval/<name>.json`` (and predictions in ``eval/<name>/``)."""
 LAUNCH = "launch.json"
 """Written by the sweep that is starting a run's process, so another sweep leaves it alone."""
 STREAMS = (METRICS, RANK_HISTORY)
@@ -74,7 +77,7 @@ def _write_text_atomic(path: Path, text: str) -> None:
             f.truncate()
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any) -> None:
     _write_text_atomic(path, json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
 
 
@@ -179,7 +182,7 @@ class RunDir:
 
     # ---------------------------------------------------------------- status
     def _write_status(self, data: dict[str, Any]) -> None:
-        _write_json_atomic(self.path / STATUS, data)
+        write_json_atomic(self.path / STATUS, data)
 
     def set_status(self, status: str, **fields: Any) -> None:
         current = self.read_status(self.path) or {}
@@ -248,7 +251,7 @@ class RunDir:
     # ---------------------------------------------------------------- results
     def write_json(self, name: str, data: Any) -> Path:
         path = self.path / name
-        _write_json_atomic(path, data)
+        write_json_atomic(path, data)
         return path
 
     def finish(self, summary: dict[str, Any]) -> None:

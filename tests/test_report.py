@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -320,3 +321,22 @@ def test_cli_no_finished_runs(tmp_path):
     make_run(tmp_path, "failed", "rte", "lora", 0, {}, status="failed")
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2 and "no finished runs" in result.stderr
+
+
+def test_unfinished_runs_say_whether_they_live(tmp_path):
+    from adalora_cli.lifecycle import identity
+    from adalora_cli.report_runs import load_run
+
+    live = make_run(tmp_path, "live", "rte", "lora", 1, {}, 144, status="running")
+    (live / "status.json").write_text(json.dumps({"status": "running", **identity()}))
+    (live / "heartbeat.json").write_text(json.dumps({"time": 0, "step": 12}))
+    assert load_run(live) == f"still running at step 12 (process {os.getpid()} on this host)"
+    dead = make_run(tmp_path, "dead", "rte", "lora", 2, {}, 144, status="running")
+    (dead / "status.json").write_text(json.dumps(
+        {"status": "running", **identity(), "pid": 2**22 + 7}))
+    assert load_run(dead) == (f"died while running (process {2**22 + 7} is gone); resume "
+                              f"with adalora train --resume {dead}")
+    stopped = make_run(tmp_path, "stopped", "rte", "lora", 3, {}, 144, status="preempted")
+    (stopped / "status.json").write_text(json.dumps({"status": "preempted", "step": 7}))
+    assert load_run(stopped) == (f"preempted at step 7; resume with adalora train --resume "
+                                 f"{stopped}")

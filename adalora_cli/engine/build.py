@@ -23,6 +23,7 @@ from .. import resources
 from ..config import ConfigError, RunConfig
 from ..methods import apply_method, parameter_table
 from ..methods.base import MethodHandle
+from ..methods.budget_params import budget_info
 from ..tasks import get_task
 from ..tasks.base import Task, TaskData
 from .schedule import total_steps
@@ -151,4 +152,5 @@ def dry_run(cfg: RunConfig) -> dict[str, Any]:
         "method": cfg.method.name,
         "model": cfg.model.name_or_path,
     }
+    info.update(budget_info(cfg, handle))  # AdaLoRA: what trains at r0 vs what b(T) keeps
     return {"table": table, "info": info}

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import RunConfig, dump_config
+from ..export import export_facts
 from ..progress import TrainProgress
 from ..rundir import CONFIG, HEATMAP, RANK_PATTERN, RunDir, _write_text_atomic, default_run_dir
 from ..weights import save_weights, trained_state
@@ -288,6 +289,7 @@ def _finish_outputs(built: Built, run: RunDir, results, train_seconds: float,
         "epochs": round(epochs, 4),
         "budget_level": cfg.sweep.budget_level,
         "attempts": int(status.get("attempt", 1)),
+        "export": export_facts(cfg, built.model, handle),  # base model, targets, hparams
     }
     allocator = handle.allocator
     if allocator is not None:

@@ -1,0 +1,107 @@
+"""``adalora export``: a finished run as a PEFT adapter or as a merged transformers model.
+
+Both formats start from the run rebuilt by :func:`adalora_cli.weights.load_run`, so they
+carry exactly the weights our own loader would use. The folder is written under a temporary
+name beside the destination and renamed into place only when complete: an export that fails
+half-way leaves nothing that looks like a finished export. The format writers live in
+:mod:`.export_peft` and :mod:`.export_merged`.
+
+:func:`export_facts` is what ``train`` records in ``summary.json`` (``export``) so that an
+export never has to guess the base model, its revision, the adapted modules or the method's
+hyperparameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .config import ConfigError, RunConfig
+from .export_peft import head_modules
+from .methods.base import MethodHandle
+from .rundir import SUMMARY, RunDir, is_finished
+
+FORMATS = ("peft", "merged")
+
+_HYPERPARAMETERS = {"adalora": "adalora", "lora": "lora", "houlsby": "adapter",
+                    "pfeiffer": "adapter"}
+"""Method -> the config section holding its hyperparameters (BitFit and full have none)."""
+
+
+def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> dict[str, Any]:
+    """What an export needs to know about a run, recorded when it finishes."""
+    section = _HYPERPARAMETERS.get(cfg.method.name)
+    return {
+        "base_model": cfg.model.name_or_path,
+        "revision": getattr(getattr(model, "config", None), "_commit_hash", None),
+        "model_class": type(model).__name__,
+        "model_type": getattr(getattr(model, "config", None), "model_type", None),
+        "target_modules": [path for path, _ in handle.layers],
+        "head_modules": head_modules(model),
+        "hyperparameters": dataclasses.asdict(getattr(cfg, section)) if section else {},
+    }
+
+
+def check_run(run_dir: Path) -> dict[str, Any]:
+    """The summary of a finished run; anything else is a one-line ConfigError."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} does not exist; pass a folder written "
+                          "by `adalora train`")
+    if not is_finished(run_dir):
+        status = (RunDir.read_status(run_dir) or {}).get("status", "unknown")
+        raise ConfigError(f"{run_dir} is not a finished run (status: {status}); wait for it "
+                          "to finish or train it again")
+    return json.loads((run_dir / SUMMARY).read_text())
+
+
+def check_destination(out: Path) -> None:
+    if out.exists():
+        raise ConfigError(f"{out} already exists; choose a new output folder (exports never "
+                          "overwrite)")
+
+
+def write_atomically(out: Path, write: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``write(tmp)`` on a fresh folder beside ``out``, then rename it to ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        info = write(tmp)
+        check_destination(out)  # someone may have created it meanwhile
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+def export_run(run_dir: str | Path, fmt: str, out: str | Path) -> dict[str, Any]:
+    """Export a finished run to ``out`` in ``fmt``; returns what was written."""
+    run_dir, out = Path(run_dir), Path(out)
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown export format {fmt!r}; use --format peft or --format merged")
+    summary = check_run(run_dir)
+    check_destination(out)
+    method = summary.get("method")
+    if fmt == "peft":
+        from .export_peft import check_peft_method, write_peft
+
+        check_peft_method(method)
+        writer = write_peft
+    else:
+        from .export_merged import check_merge_method, write_merged
+
+        check_merge_method(method)
+        writer = write_merged
+    from .weights import load_run
+
+    model, tokenizer, cfg = load_run(run_dir, "cpu")
+    model.eval()
+    info = write_atomically(out, lambda tmp: writer(run_dir, model, tokenizer, cfg, summary, tmp))
+    return {"format": fmt, "out": str(out), **info}

@@ -1,0 +1,58 @@
+"""``--format merged``: Delta W folded into the base weights, saved as a plain model folder.
+
+Every low-rank layer (AdaLoRA's ``(alpha / r0) P diag(lam) Q``, LoRA's ``(alpha / r) B A``)
+adds its ``delta_weight()`` to the frozen weight it wraps and is replaced by that ``nn.Linear``,
+so the folder holds no code of ours and loads with ``AutoModelFor...from_pretrained``. BitFit
+and full fine-tuning change the model's own tensors, so their model is already "merged".
+Bottleneck adapters add a nonlinear path after a layer; there is no weight to fold them
+into, so merging them is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import ConfigError, RunConfig
+from .methods.base import LinearWrapper, adapter_modules
+
+MERGEABLE = ("adalora", "lora", "bitfit", "full")
+
+
+def check_merge_method(method: str | None) -> None:
+    if method not in MERGEABLE:
+        raise ConfigError(f"method {method!r} cannot be merged: its bottleneck adapters are a "
+                          "nonlinear path with no weight to fold into; use --format peft for "
+                          "adalora/lora, or load the run with adalora_cli.weights.load_run")
+
+
+@torch.no_grad()
+def merge_into_base(model: nn.Module) -> int:
+    """Fold every low-rank layer into its base linear, in place; returns how many."""
+    merged = 0
+    for path, layer in adapter_modules(model):
+        if not (isinstance(layer, LinearWrapper) and hasattr(layer, "delta_weight")):
+            raise ConfigError(f"{path} ({type(layer).__name__}) has no weight update to merge")
+        base = layer.base
+        base.weight += layer.delta_weight().to(base.weight.dtype)  # (d_out, d_in)
+        parent_path, _, name = path.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        setattr(parent, name, base)
+        merged += 1
+    return merged
+
+
+def write_merged(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
+                 summary: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Merge in place and ``save_pretrained`` the model and its tokenizer into ``out``."""
+    n = merge_into_base(model)
+    for p in model.parameters():
+        p.requires_grad_(True)  # a plain model again: nothing is frozen by us
+    model.save_pretrained(out, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    return {"merged_matrices": n, "model_class": type(model).__name__, "bytes": size}

@@ -1,0 +1,185 @@
+"""``--format peft``: a folder that ``peft.PeftModel.from_pretrained(base, folder)`` loads.
+
+Written with safetensors and json only; PEFT is never imported here (it is a test-time
+dependency). The mapping onto PEFT's names and conventions:
+
+- LoRA: our ``A (r, d_in)`` / ``B (d_out, r)`` are PEFT's ``lora_A.weight`` / ``lora_B.weight``;
+  both scale by ``alpha / r``, so the tensors go over unchanged.
+- AdaLoRA: our ``Q (r0, d_in)``, ``lam (r0,)``, ``P (d_out, r0)`` are PEFT's ``lora_A``,
+  ``lora_E (r, 1)`` and ``lora_B``. PEFT scales by ``lora_alpha / (ranknum + 1e-5)`` with
+  ``ranknum = init_r`` (kept when the rank pattern shrinks a layer), where we use
+  ``alpha / r0`` exactly (SPEC §1); ``lam`` is multiplied by ``(r0 + 1e-5) / r0`` so that
+  the product is ours.
+- The export is compact, as PEFT itself saves a trained AdaLoRA adapter: ``rank_pattern``
+  holds one keep-flag per initial triplet and the tensors hold only the kept triplets, so
+  the file has the paper's "# Params" (plus the head) rather than the r0 count.
+- The task head travels as PEFT's ``modules_to_save``; the task type tells PEFT which
+  wrapper to build (none for QA models that use segment ids, see :func:`peft_task_type`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from .config import ConfigError, RunConfig
+from .methods.adalora import SVDLinear
+from .methods.base import adapter_modules, head_parameters
+from .methods.lora import LoRALinear
+from .weights import ALLOCATOR_STATE
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+PEFT_EPS = 1e-5
+"""PEFT's AdaLoRA divides by ``ranknum + 1e-5``; the export compensates for it."""
+
+_TASK_TYPES = (("ForSequenceClassification", "SEQ_CLS"), ("ForQuestionAnswering", "QUESTION_ANS"),
+               ("ForTokenClassification", "TOKEN_CLS"), ("ForConditionalGeneration",
+                                                         "SEQ_2_SEQ_LM"),
+               ("ForSeq2SeqLM", "SEQ_2_SEQ_LM"), ("ForCausalLM", "CAUSAL_LM"))
+
+
+def check_peft_method(method: str | None) -> None:
+    if method in ("adalora", "lora"):
+        return
+    fix = ("use --format merged" if method in ("bitfit", "full") else
+           "use the run's adapter_model.safetensors with adalora_cli.weights.load_run")
+    raise ConfigError(f"PEFT has no format for method {method!r} (only adalora and lora "
+                      f"export to PEFT); {fix}")
+
+
+def peft_task_type(model: nn.Module) -> str | None:
+    name = type(model).__name__
+    kind = next((kind for suffix, kind in _TASK_TYPES if name.endswith(suffix)), None)
+    if kind == "QUESTION_ANS" and getattr(model.config, "type_vocab_size", 0) > 1:
+        # PEFT's question-answering wrapper (0.21) does not pass token_type_ids on, which
+        # changes every BERT-style answer; the plain PeftModel passes all inputs through.
+        return None
+    return kind
+
+
+def kept_triplets(run_dir: Path, layers: list[tuple[str, SVDLinear]]) -> dict[str, torch.Tensor]:
+    """``{path: bool mask (r0,)}`` of the triplets the allocator kept (all of them if the run
+    did not prune)."""
+    state_path = run_dir / ALLOCATOR_STATE
+    if not state_path.is_file():
+        return {path: torch.ones(layer.r0, dtype=torch.bool) for path, layer in layers}
+    state = torch.load(state_path, map_location="cpu", weights_only=True)
+    if list(state["paths"]) != [path for path, _ in layers]:
+        raise ConfigError(f"{state_path} was saved for other adapted matrices than the "
+                          "run's config builds; the run directory is inconsistent")
+    flat, out, off = state["mask"].bool(), {}, 0
+    for path, layer in layers:
+        out[path] = flat[off:off + layer.r0]
+        off += layer.r0
+    return out
+
+
+def adalora_tensors(layers: list[tuple[str, SVDLinear]], keep: dict[str, torch.Tensor]):
+    """PEFT tensors and ``rank_pattern`` of the kept triplets."""
+    tensors: dict[str, torch.Tensor] = {}
+    pattern: dict[str, list[bool]] = {}
+    for path, layer in layers:
+        k = keep[path]  # (r0,) bool
+        fix = (layer.r0 + PEFT_EPS) / layer.r0  # PEFT's ranknum + eps -> our r0
+        tensors[f"{PREFIX}{path}.lora_A"] = layer.Q.detach()[k]  # (r, d_in)
+        tensors[f"{PREFIX}{path}.lora_E"] = (layer.lam.detach()[k] * fix).unsqueeze(1)  # (r, 1)
+        tensors[f"{PREFIX}{path}.lora_B"] = layer.P.detach()[:, k]  # (d_out, r)
+        pattern[f"{path}.lora_E"] = k.tolist()
+    return tensors, pattern
+
+
+def lora_tensors(layers: list[tuple[str, LoRALinear]]) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for path, layer in layers:
+        tensors[f"{PREFIX}{path}.lora_A.weight"] = layer.A.detach()  # (r, d_in)
+        tensors[f"{PREFIX}{path}.lora_B.weight"] = layer.B.detach()  # (d_out, r)
+    return tensors
+
+
+def head_modules(model: nn.Module) -> list[str]:
+    """Top-level modules holding the task head (outside ``model.base_model``)."""
+    head = {id(p) for p in head_parameters(model)}
+    return list(dict.fromkeys(name.split(".", 1)[0] for name, p in model.named_parameters()
+                              if id(p) in head))
+
+
+def head_tensors(model: nn.Module, heads: list[str]) -> dict[str, torch.Tensor]:
+    return {PREFIX + name: p.detach() for name, p in model.named_parameters()
+            if name.split(".", 1)[0] in heads}
+
+
+def base_config(cfg: RunConfig, model: nn.Module, summary: dict[str, Any], heads: list[str],
+                targets: list[str]) -> dict[str, Any]:
+    facts = summary.get("export", {})
+    return {
+        "base_model_name_or_path": cfg.model.name_or_path,
+        "revision": facts.get("revision"),
+        "task_type": peft_task_type(model),
+        "inference_mode": True,
+        "target_modules": targets,  # full module paths: PEFT matches them exactly
+        "modules_to_save": heads or None,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "init_lora_weights": True,
+    }
+
+
+def adalora_config(cfg: RunConfig, summary: dict[str, Any], n: int,
+                   pattern: dict[str, list[bool]]) -> dict[str, Any]:
+    a = cfg.adalora
+    return {
+        "peft_type": "ADALORA", "init_r": a.init_rank, "target_r": max(1, round(a.budget / n)),
+        "lora_alpha": a.alpha, "lora_dropout": a.dropout, "rank_pattern": pattern,
+        "tinit": a.t_init, "tfinal": a.t_final, "deltaT": a.delta_t, "beta1": a.beta1,
+        "beta2": a.beta2, "orth_reg_weight": a.gamma,
+        "total_step": summary.get("total_steps") or a.t_init + a.t_final + 1,
+    }
+
+
+def check_base_rebuilds(cfg: RunConfig, model: nn.Module) -> None:
+    """PEFT rebuilds the base with ``from_pretrained(base_model_name_or_path)``; a model the
+    task built from another kind of checkpoint (the warm-started summarization demo) has no
+    such base."""
+    from transformers import AutoConfig
+
+    kind = getattr(model.config, "model_type", None)
+    base_kind = AutoConfig.from_pretrained(cfg.model.name_or_path).model_type
+    if kind != base_kind:
+        raise ConfigError(f"the run's {kind} model was built from the {base_kind} checkpoint "
+                          f"{cfg.model.name_or_path}, which PEFT cannot load as its base; "
+                          "use --format merged")
+
+
+def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
+               summary: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out``."""
+    check_base_rebuilds(cfg, model)
+    layers = [(p, m) for p, m in adapter_modules(model) if isinstance(m, SVDLinear | LoRALinear)]
+    heads = head_modules(model)
+    targets = [path for path, _ in layers]
+    config = base_config(cfg, model, summary, heads, targets)
+    r0_params = sum(p.numel() for _, m in layers for p in m.adapter_parameters())
+    if cfg.method.name == "adalora":
+        tensors, pattern = adalora_tensors(layers, kept_triplets(run_dir, layers))
+        config.update(adalora_config(cfg, summary, len(layers), pattern))
+    else:
+        lo = cfg.lora
+        tensors = lora_tensors(layers)
+        config.update({"peft_type": "LORA", "r": lo.r, "lora_alpha": lo.alpha,
+                       "lora_dropout": lo.dropout})
+    adapter_params = sum(t.numel() for t in tensors.values())
+    tensors.update(head_tensors(model, heads))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_FILE),
+              metadata={"format": "pt"})
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return {"adapter_params": adapter_params, "adapter_params_at_r0": r0_params,
+            "head_params": sum(t.numel() for k, t in tensors.items()
+                               if k.removeprefix(PREFIX).split(".", 1)[0] in heads),
+            "bytes": (out / WEIGHTS_FILE).stat().st_size, "task_type": config["task_type"]}

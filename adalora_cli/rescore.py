@@ -1,0 +1,138 @@
+"""``adalora eval``: score a finished run again, on its task's evaluation splits or other data.
+
+The run is rebuilt with :func:`adalora_cli.weights.load_run`; ``key=value`` overrides may
+change only where the data comes from and how it is read (``task.*``) and how it is run
+(``train.eval_batch_size``, ``train.device``, ``train.precision``). Results go to
+``eval/<name>.json`` (and predictions to ``eval/<name>/``) inside the run directory; the
+training results (``summary.json``, ``metrics.jsonl``, ``predictions.*``) are never touched.
+
+Tasks load their training split together with the evaluation splits; an evaluation only
+needs one training row, so ``task.max_train_samples`` is set to 1, and when the overrides
+map only evaluation files (``task.data_files.validation=...``) the training split is read
+from the run's own data source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, RunConfig, load_config
+from .export import check_run
+from .rundir import CONFIG, EVAL, write_json_atomic
+
+EVAL_DIR = EVAL
+ALLOWED = ("task.", "train.eval_batch_size", "train.device", "train.precision")
+
+
+def check_overrides(overrides: list[str]) -> None:
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if "=" not in item or not key.startswith(ALLOWED):
+            raise ConfigError(f"eval takes task.* and train.eval_batch_size/device/precision "
+                              f"overrides, not {item!r}; the trained model stays as it was")
+        if key.startswith(("task.name", "task.max_train_samples")):
+            raise ConfigError(f"{key} cannot change in eval: the model was trained for its task")
+
+
+def eval_name(cfg: RunConfig, overrides: list[str], name: str | None) -> str:
+    """``--name``, else the stem of the first data file an override names, else the
+    task's evaluation splits."""
+    if name:
+        chosen = name
+    else:
+        files = [o.split("=", 1)[1] for o in overrides if o.startswith("task.data_files.")]
+        folder = [o.split("=", 1)[1] for o in overrides if o.startswith("task.data_dir=")]
+        chosen = Path(files[0]).stem if files else Path(folder[0]).name if folder else "default"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", chosen):
+        raise ConfigError(f"eval name {chosen!r} is not a plain file name; pass --name NAME "
+                          "(letters, digits, . _ -)")
+    return chosen
+
+
+def eval_config(run_dir: Path, overrides: list[str]) -> RunConfig:
+    """The run's config with the overrides, reading just one training row."""
+    from .engine.build import resolve_resources
+
+    trained = load_config(run_dir / CONFIG)
+    cfg = resolve_resources(load_config(run_dir / CONFIG, overrides))
+    task = cfg.task
+    files = dict(task.data_files) if task.data_files else None
+    if files is not None and "train" not in files:
+        files["train"] = _train_source(resolve_resources(trained), files)
+    task = dataclasses.replace(task, data_files=files, max_train_samples=1)
+    return dataclasses.replace(cfg, task=task)
+
+
+def _train_source(trained: RunConfig, files: dict[str, str]) -> str:
+    """A file for the (unused) training split: the run's own, else a file the user gave."""
+    from .tasks.data import find_split_files
+
+    t = trained.task
+    if t.data_files and "train" in t.data_files:
+        return t.data_files["train"]
+    if t.data_dir:
+        try:
+            return str(find_split_files(t.data_dir, ["train"])["train"])
+        except ConfigError:
+            pass
+    return next(iter(files.values()))
+
+
+def rescore(run_dir: str | Path, overrides: list[str] | None = None,
+            name: str | None = None, quiet: bool = False) -> Path:
+    """Evaluate a finished run; returns the path of ``eval/<name>.json``."""
+    from .engine.build import autocast_factory, pick_device
+    from .tasks import get_task
+    from .weights import load_run
+
+    run_dir, overrides = Path(run_dir), list(overrides or [])
+    check_run(run_dir)
+    check_overrides(overrides)
+    cfg = eval_config(run_dir, overrides)
+    label = eval_name(cfg, overrides, name)
+    device = pick_device(cfg.train.device)
+    task = get_task(cfg)
+    model, tokenizer, _ = load_run(run_dir, str(device))
+    data = task.load_data(tokenizer)
+    autocast, _ = autocast_factory(cfg.train.precision, device)
+    metrics: dict[str, dict[str, float]] = {}
+    for split, dataset in data.eval_splits.items():
+        if not quiet:
+            print(f"evaluating {split} ({len(dataset)} rows)", flush=True)
+        scores = task.evaluate(model, split, dataset, batch_size=cfg.train.eval_batch_size,
+                               collate=data.collate, device=device, autocast=autocast)
+        metrics[split] = {k: float(v) for k, v in scores.items()}
+    return _write_result(run_dir, label, overrides, metrics, data.info, task)
+
+
+def _write_result(run_dir: Path, label: str, overrides: list[str],
+                  metrics: dict[str, dict[str, float]], info: dict[str, Any], task) -> Path:
+    folder = run_dir / EVAL_DIR
+    folder.mkdir(exist_ok=True)
+    written = []
+    if hasattr(task, "save_predictions"):  # SQuAD answers, summaries: beside the scores
+        (folder / label).mkdir(exist_ok=True)
+        written = [str(p.relative_to(run_dir)) for p in task.save_predictions(folder / label)]
+    data = {k: v for k, v in info.items() if not k.startswith("train_")}
+    result = {"name": label, "overrides": overrides, "metrics": metrics, "data": data,
+              "predictions": written,
+              "evaluated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    path = folder / f"{label}.json"
+    write_json_atomic(path, result)
+    return path
+
+
+def read_evals(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """Every ``eval/<name>.json`` of a run, by name (for reports)."""
+    out = {}
+    for path in sorted((Path(run_dir) / EVAL_DIR).glob("*.json")):
+        try:
+            out[path.stem] = json.loads(path.read_text())
+        except ValueError:
+            continue
+    return out
