@@ -10,6 +10,9 @@ Layout (all names fixed, so reports can rely on them)::
     rank_heatmap.png    AdaLoRA: final rank per layer and matrix type (paper Figure 3)
     adapter_model.safetensors   trained adapter + head (or model/ for method 'full')
     summary.json        written last: its presence means the run finished
+    trackers.json       with log.to: each tracker's run id, so a resumed run reattaches
+    tensorboard/        with log.to=[tensorboard]: the event files
+    wandb/              with log.to=[wandb]: W&B's local run folders
 
 A run is finished only when ``summary.json`` exists and ``status.json`` says so; a crash
 or a bad input leaves ``status: failed`` with the error, never a finished-looking run.
@@ -35,6 +38,9 @@ RANK_HISTORY = "rank_history.jsonl"
 HEATMAP = "rank_heatmap.png"
 WEIGHTS = "adapter_model.safetensors"
 FULL_MODEL = "model"
+TRACKERS = "trackers.json"       # tracking (issue 12)
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:

@@ -35,6 +35,7 @@ from .methods.base import MethodHandle
 from .progress import TrainProgress
 from .rundir import HEATMAP, RANK_PATTERN, RunDir, default_run_dir
 from .tasks import get_task
+from .tracking import Trackers, check_trackers  # tracking (issue 12)
 from .weights import save_weights
 
 
@@ -134,7 +135,8 @@ def _peak_memory(device: torch.device) -> int:
 
 
 def evaluate_all(task, model, data, cfg: RunConfig, device, autocast, step: int,
-                 run: RunDir, progress: TrainProgress) -> dict[str, dict[str, float]]:
+                 run: RunDir, progress: TrainProgress,
+                 trackers: Trackers | None = None) -> dict[str, dict[str, float]]:
     results = {}
     for split, dataset in data.eval_splits.items():
         progress.note(f"evaluating {split}")
@@ -142,12 +144,15 @@ def evaluate_all(task, model, data, cfg: RunConfig, device, autocast, step: int,
                                 collate=data.collate, device=device, autocast=autocast)
         results[split] = {k: float(v) for k, v in metrics.items()}
         run.log({"step": step, "split": split, **results[split]})
+        if trackers is not None:  # tracking (issue 12)
+            trackers.log_eval(step, split, results[split])
     progress.note("")
     return results
 
 
 def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False) -> Path:
     """Train, evaluate and write a run directory. Returns its path."""
+    check_trackers(cfg)  # tracking (issue 12): a missing tracker package fails before anything
     resolved = resolve_resources(cfg)  # the run dir keeps the portable, unresolved form
     seed_everything(cfg.train.seed)
     task = get_task(resolved)
@@ -158,8 +163,12 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
 
     run = RunDir.create(run_dir or default_run_dir(cfg), cfg)
     _raise_on_sigterm()
+    trackers = None  # tracking (issue 12)
     try:
-        summary = _train_loop(cfg, task, model, tokenizer, data, handle, steps, run, quiet)
+        trackers = Trackers.open(cfg, run.path, resumed=False, warn=warn)  # tracking
+        summary = _train_loop(cfg, task, model, tokenizer, data, handle, steps, run, quiet,
+                              trackers)
+        trackers.log_summary(summary)  # tracking
     except BaseException as err:
         reason = "interrupted by the user" if isinstance(err, KeyboardInterrupt) else (
             f"{type(err).__name__}: {first_line(err)}")
@@ -169,6 +178,9 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
         except AttributeError:
             pass
         raise
+    finally:
+        if trackers is not None:  # tracking: FINISHED if log_summary ran, else FAILED
+            trackers.close()
     run.finish(summary)
     return run.path
 
@@ -188,7 +200,7 @@ def _raise_on_sigterm() -> None:
 
 
 def _train_loop(cfg: RunConfig, task, model, tokenizer, data, handle: MethodHandle, steps: int,
-                run: RunDir, quiet: bool) -> dict[str, Any]:
+                run: RunDir, quiet: bool, trackers: Trackers) -> dict[str, Any]:
     t_cfg = cfg.train
     device = pick_device(t_cfg.device)
     model.to(device)
@@ -244,6 +256,7 @@ def _train_loop(cfg: RunConfig, task, model, tokenizer, data, handle: MethodHand
 
                 if "ranks" in logs:
                     run.log_ranks(step, logs["ranks"])
+                    trackers.log_ranks(step, logs["ranks"])  # tracking (issue 12)
                 row = {"step": step, "loss": round(step_loss, 6), "lr": lr}
                 if "budget" in logs:
                     row["budget"] = int(logs["budget"])
@@ -251,16 +264,19 @@ def _train_loop(cfg: RunConfig, task, model, tokenizer, data, handle: MethodHand
                     row["orth_reg"] = round(float(reg.detach()), 6)
                 if step % t_cfg.log_every == 0 or step == steps:
                     run.log(row)
+                    trackers.log_row(row)  # tracking (issue 12)
                 progress.advance(row)
                 if not math.isfinite(row["loss"]):
                     raise FloatingPointError(
                         f"loss became {row['loss']} at step {step}; lower train.learning_rate")
                 if t_cfg.eval_every and step % t_cfg.eval_every == 0 and step < steps:
-                    evaluate_all(task, model, data, cfg, device, autocast, step, run, progress)
+                    evaluate_all(task, model, data, cfg, device, autocast, step, run, progress,
+                                 trackers)  # tracking: trackers
                 if step >= steps:
                     break
         train_seconds = time.perf_counter() - start
-        results = evaluate_all(task, model, data, cfg, device, autocast, step, run, progress)
+        results = evaluate_all(task, model, data, cfg, device, autocast, step, run, progress,
+                               trackers)  # tracking: trackers
         if hasattr(task, "save_predictions"):  # e.g. predictions.json for SQuAD
             task.save_predictions(run.path)
 
@@ -303,6 +319,11 @@ def _finish_outputs(cfg, model, tokenizer, handle, run, steps, results, train_se
     if cfg.train.save_weights:
         summary["weights"] = save_weights(model, handle, cfg, run.path, tokenizer)
     return summary
+
+
+def warn(message: str) -> None:
+    """A tracker problem: reported, never fatal (tracking, issue 12)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def print_error(message: str) -> None:
