@@ -32,7 +32,6 @@ class TensorBoardSink(Sink):
         self.path = log_dir(info)  # a function of the config and run name, so not saved
         self.state = {"log_dir": str(self.path)}  # for people reading trackers.json
         self.hparams = info.hparams
-        self.metric_tags: list[str] = []  # eval and final metrics: the hparams table's columns
         self.writer = None
         self.resumed = info.resumed and info.state is not None
         if not self.resumed:  # the first segment writes the hparams; a resume keeps them
@@ -49,18 +48,18 @@ class TensorBoardSink(Sink):
         return self.writer or self._open(purge_step=step)
 
     def _write_hparams(self, finished: bool) -> None:
+        """The session start (hparams) at open, its end (success) with the summary. No
+        experiment summary: TensorBoard reads only the first one per run, and without one
+        its HPARAMS tab takes every scalar of the run as a metric column by itself."""
         from torch.utils.tensorboard.summary import hparams
 
-        experiment, start, end = hparams(self.hparams, {tag: 0.0 for tag in self.metric_tags})
-        for summary in (experiment, start, end) if finished else (experiment, start):
-            self.writer.file_writer.add_summary(summary)
+        _, start, end = hparams(self.hparams, {})
+        self.writer.file_writer.add_summary(end if finished else start)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         writer = self._at(step)
         for key, value in metrics.items():
             writer.add_scalar(key, value, step)
-            if key.startswith("eval/") and key not in self.metric_tags:
-                self.metric_tags.append(key)
 
     def log_image(self, step: int, key: str, image) -> None:
         import numpy as np
@@ -72,8 +71,7 @@ class TensorBoardSink(Sink):
         for key, value in numbers.items():
             writer.add_scalar(key, value, step)
         writer.add_text("summary", "```\n" + json.dumps(texts, indent=2) + "\n```", step)
-        self.metric_tags += [k for k in numbers if k.startswith("final/metrics/")]
-        self._write_hparams(finished=True)  # now with the metric columns filled in
+        self._write_hparams(finished=True)
 
     def close(self, finished: bool) -> None:
         if self.writer is not None:
