@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ def records(path: str | Path) -> list[Any]:
             pos += room
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + length > len(data):  # a tail still being written
+            break
         chunk = data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind == 0:  # zero padding up to the block's end
@@ -44,6 +47,18 @@ def records(path: str | Path) -> list[Any]:
     return out
 
 
+def finished_records(path: str | Path, timeout_s: float = 30.0) -> list[Any]:
+    """The records once W&B has written the run's ``exit`` record. ``run.finish()`` can
+    return while wandb's core process still holds the file's tail in its write buffer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in found):
+            return found
+        assert time.monotonic() < deadline, f"{path} has no exit record after {timeout_s} s"
+        time.sleep(0.1)
+
+
 def _items(items) -> dict[str, Any]:
     return {item.key or "/".join(item.nested_key): json.loads(item.value_json)
             for item in items}
@@ -52,7 +67,7 @@ def _items(items) -> dict[str, Any]:
 def read_run(path: str | Path) -> dict[str, Any]:
     """``{run: RunRecord, history: [{_step, key: value}], summary: {...}, config: {...}}``."""
     out: dict[str, Any] = {"run": None, "history": [], "summary": {}, "config": {}}
-    for record in records(path):
+    for record in finished_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             out["run"] = record.run

@@ -88,16 +88,24 @@ class Trackers:
             sinks.append(sink)
             state[name] = sink.state
         if sinks:
-            (run_dir / TRACKERS).write_text(json.dumps(state, indent=2) + "\n")
+            try:
+                (run_dir / TRACKERS).write_text(json.dumps(state, indent=2) + "\n")
+            except OSError as err:
+                warn(f"{TRACKERS} could not be written ({_reason(err)}); "
+                     "a resumed run will start new tracker runs")
         return cls(sinks, warn, cfg, run_dir)
 
     # ------------------------------------------------------------------ the loop's calls
     def log_row(self, row: dict[str, Any]) -> None:
+        if not self.sinks:
+            return
         metrics = {f"train/{k}": float(v) for k, v in row.items()
                    if k != "step" and _is_number(v)}
         self._each("log_metrics", int(row["step"]), metrics)
 
     def log_eval(self, step: int, split: str, metrics: dict[str, float]) -> None:
+        if not self.sinks:
+            return
         self._each("log_metrics", step,
                    {f"eval/{split}/{k}": float(v) for k, v in metrics.items() if _is_number(v)})
 
