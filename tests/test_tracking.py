@@ -353,3 +353,18 @@ def test_sweep_checks_trackers_before_any_run(tmp_path, in_repo, monkeypatch):
     assert lines == ["error: log.to includes mlflow but the sqlalchemy package is not "
                      "installed; pip install 'adalora[mlflow]' (or drop mlflow from log.to)"]
     assert not where.exists()
+
+
+def test_an_mlflow_run_deleted_mid_run_is_reported_once(tmp_path, mlflow_uri):
+    warnings: list[str] = []
+    trackers = Trackers.open(config(mlflow_uri, "tensorboard", "mlflow"), tmp_path,
+                             resumed=False, warn=warnings.append)
+    play(trackers, range(1, 3))
+    MlflowClient(mlflow_uri).delete_run(state(tmp_path)["mlflow"]["run_id"])
+    play(trackers, range(3, 5))
+    trackers.log_summary(SUMMARY)
+    trackers.close()
+    assert len(warnings) == 1 and warnings[0].startswith("mlflow tracking failed (")
+    acc = tensorboard(tmp_path / "tensorboard")  # the other tracker got everything
+    assert [s for s, _ in scalars(acc, "train/loss")] == [1, 2, 3, 4]
+    assert scalars(acc, "final/metrics/validation/accuracy") == [(4, 0.75)]
