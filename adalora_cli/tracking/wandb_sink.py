@@ -10,6 +10,7 @@ joins them into one run.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..rundir import WANDB_DIR
@@ -44,8 +45,6 @@ class WandbSink(Sink):
 
     @staticmethod
     def _offline(info: RunInfo) -> bool:
-        import os
-
         mode = info.log.wandb_mode or os.environ.get("WANDB_MODE", "")
         return mode in ("offline", "dryrun", "disabled")
 
