@@ -14,6 +14,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .config import ConfigError, load_config
@@ -54,7 +55,8 @@ def main() -> None:
 
 
 def _fail(message: str, code: int) -> None:
-    err().print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # escape: a message may quote config text such as log.to=[wandb], not Rich markup
+    err().print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -187,6 +187,34 @@ class SweepMeta:
 
 
 @dataclass(frozen=True)
+class LogConfig:
+    """Where a run is watched live besides its run directory (which is always written)."""
+
+    to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=list)
+    """Trackers to log to, any of tensorboard, wandb, mlflow; each needs its extra
+    (pip install 'adalora[tensorboard]'). Empty: the run directory only."""
+    project: str | None = None
+    """W&B project and MLflow experiment name; None means the sweep's name, else 'adalora'."""
+    run_name: str | None = None
+    """Name of the run in the tracker; None means the run directory's name."""
+    tensorboard_dir: str | None = None
+    """TensorBoard log folder; None means <run dir>/tensorboard, so
+    ``tensorboard --logdir runs/`` shows every run."""
+    wandb_mode: Literal["online", "offline"] | None = None
+    """W&B mode; None leaves it to W&B (WANDB_MODE, or online when logged in). Offline runs
+    are written under <run dir>/wandb/ for a later ``wandb sync``."""
+    wandb_entity: str | None = None
+    """W&B team or user; None means W&B's default (WANDB_ENTITY or your own)."""
+    mlflow_uri: str | None = None
+    """MLflow tracking URI (sqlite:///mlflow.db, http://host:5000); None leaves it to MLflow
+    (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory)."""
+    heatmap_every_s: float = 60.0
+    """AdaLoRA: draw the rank heatmap for the trackers at the first mask event, then at a
+    mask event only when this many seconds have passed since the last one, and always at
+    the end; 0 draws one at every mask event."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -196,6 +224,7 @@ class RunConfig:
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sweep: SweepMeta = field(default_factory=SweepMeta)
+    log: LogConfig = field(default_factory=LogConfig)  # tracking (issue 12)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -250,6 +279,11 @@ def validate(cfg: RunConfig) -> None:
     _check(t.keep_checkpoints >= 1,
            f"train.keep_checkpoints must be >= 1, got {t.keep_checkpoints}")
     _check(cfg.task.max_length >= 8, f"task.max_length must be >= 8, got {cfg.task.max_length}")
+    # tracking (issue 12)
+    _check(len(set(cfg.log.to)) == len(cfg.log.to),
+           f"log.to names a tracker twice ({cfg.log.to}); list each once")
+    _check(cfg.log.heatmap_every_s >= 0,
+           f"log.heatmap_every_s must be >= 0, got {cfg.log.heatmap_every_s}")
 
 
 # --------------------------------------------------------------------------- loading

@@ -8,8 +8,10 @@ side by side and cross-attention as its own rows).
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
+from typing import BinaryIO
 
 # Paper-style labels for the matrix types; unknown suffixes are shown as they are.
 _LABELS = {
@@ -62,8 +64,9 @@ def rank_grid(pattern: dict[str, int]) -> tuple[list[str], list[str], list[list[
     return rows, cols, grid
 
 
-def plot_rank_heatmap(pattern: dict[str, int], out: str | Path, title: str = "") -> Path:
-    """Write the heatmap PNG and return its path."""
+def plot_rank_heatmap(pattern: dict[str, int], out: str | Path | BinaryIO,
+                      title: str = "") -> Path | BinaryIO:
+    """Write the heatmap PNG (to a path or a binary stream) and return where it went."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never needs a display
@@ -84,7 +87,14 @@ def plot_rank_heatmap(pattern: dict[str, int], out: str | Path, title: str = "")
     fig.colorbar(image, ax=ax, label="final rank")
     ax.set_title(title or f"final rank, total {int(np.nansum(data))}", fontsize=9)
     fig.tight_layout()
-    out = Path(out)
-    fig.savefig(out, dpi=120)
+    out = out if hasattr(out, "write") else Path(out)
+    fig.savefig(out, dpi=120, format="png")
     plt.close(fig)
     return out
+
+
+def heatmap_png(pattern: dict[str, int], title: str = "") -> bytes:
+    """The heatmap as PNG bytes, for trackers that take an image rather than a file."""
+    buffer = io.BytesIO()
+    plot_rank_heatmap(pattern, buffer, title=title)
+    return buffer.getvalue()

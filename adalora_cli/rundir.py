@@ -14,6 +14,9 @@ Layout (all names fixed, so reports can rely on them)::
     adapter_model.safetensors   trained adapter + head (or model/ for method 'full')
     summary.json        written last: its presence means the run finished
     eval/<name>.json    later re-scoring with adalora eval (never touches the above)
+    trackers.json       with log.to: each tracker's run id, so a resumed run reattaches
+    tensorboard/        with log.to=[tensorboard]: the event files
+    wandb/              with log.to=[wandb]: W&B's local run folders
 
 A run is finished only when ``summary.json`` exists and ``status.json`` says so; a crash
 or a bad input leaves ``status: failed`` with the error, never a finished-looking run.
@@ -55,13 +58,16 @@ LAUNCH = "launch.json"
 """Written by the sweep that is starting a run's process, so another sweep leaves it alone."""
 STREAMS = (METRICS, RANK_HISTORY)
 """Append-only files that a resumed run cuts back to their length at its checkpoint."""
+TRACKERS = "trackers.json"       # tracking (issue 12)
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"
 
 
 class RunBusy(Exception):
     """Another live process owns the run directory."""
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text)
@@ -78,7 +84,7 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    _write_text_atomic(path, json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
+    write_text_atomic(path, json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
 
 
 def json_safe(value: Any) -> Any:
@@ -140,7 +146,7 @@ class RunDir:
                     "choose another --run-dir (runs are never overwritten), or continue it "
                     f"with adalora train --resume {path}")
             run = cls(path)
-            _write_text_atomic(path / CONFIG, dump_config(cfg))
+            write_text_atomic(path / CONFIG, dump_config(cfg))
             run._write_status({"status": "running", "started": _now(), **identity()})
         return run
 

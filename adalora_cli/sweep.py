@@ -16,6 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from .config import METHODS, ConfigError, load_config, read_yaml
+from .tracking import check_trackers  # tracking (issue 12)
 
 # SPEC section 7 table: AdaLoRA r0 for the tabulated rbar. ceil(1.5 * rbar) reproduces
 # 1 -> 2, 4 -> 6 and 8 -> 12, but gives 3 for rbar = 2 where the paper used 4.
@@ -270,7 +271,8 @@ def _planned(spec: SweepSpec, config: Path, stem: str, method: str, level: int |
     overrides = (f"method.name={method}", *sized, f"train.seed={seed}",
                  f"sweep.name={spec.name}",
                  f"sweep.budget_level={level if level is not None else 'null'}", *extra)
-    load_config(config, list(overrides))  # every run's config is valid before any starts
+    cfg = load_config(config, list(overrides))  # every run's config is valid before any starts
+    check_trackers(cfg)  # tracking (issue 12): a missing tracker package stops the whole sweep
     return PlannedRun(name, config, method, level, seed, overrides, _size_words(sized))
 
 

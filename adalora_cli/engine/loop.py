@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import resource
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,8 @@ from torch.utils.data import DataLoader
 from ..config import RunConfig, dump_config
 from ..export import export_facts
 from ..progress import TrainProgress
-from ..rundir import CONFIG, HEATMAP, RANK_PATTERN, RunDir, _write_text_atomic, default_run_dir
+from ..rundir import CONFIG, HEATMAP, RANK_PATTERN, RunDir, default_run_dir, write_text_atomic
+from ..tracking import Trackers, check_trackers
 from ..weights import save_weights, trained_state
 from . import checkpoint as ckpt
 from . import faults
@@ -38,9 +40,10 @@ from .step import Stepper
 def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False) -> Path:
     """Train, evaluate and write a new run directory. Returns its path."""
     with StopSignals() as stop:
+        check_trackers(cfg)  # a missing tracker package fails before anything
         built = build_run(cfg)  # every user error is raised here, before anything is written
         run = RunDir.create(run_dir or default_run_dir(cfg), cfg)
-        return _own(built, run, stop, quiet, None)
+        return _own(built, run, stop, quiet, None, resumed=False)
 
 
 def resume(path: Path, cfg: RunConfig, quiet: bool = False,
@@ -48,21 +51,32 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
     """Continue the unfinished run in ``path`` with ``cfg`` (checked by the caller)."""
     with StopSignals() as stop:
         RunDir.check_claimable(path)  # a finished or live run is refused before the build
+        check_trackers(cfg)
         built = build_run(cfg)
         run = RunDir.reopen(path)
-        _write_text_atomic(path / CONFIG, dump_config(cfg))
+        write_text_atomic(path / CONFIG, dump_config(cfg))
         latest = ckpt.latest_checkpoint(path)
         if latest is None:
             note(f"{path} has no checkpoint yet; starting it over from step 0")
             run.clear_outputs()
-        return _own(built, run, stop, quiet, latest)
+        return _own(built, run, stop, quiet, latest, resumed=True)
+
+
+def warn(message: str) -> None:
+    """A tracker problem: reported once, never fatal."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def _own(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
-         latest: Path | None) -> Path:
-    """Run the loop in a claimed directory and leave it finished, preempted or failed."""
+         latest: Path | None, *, resumed: bool) -> Path:
+    """Run the loop in a claimed directory and leave it finished, preempted or failed.
+
+    Trackers mirror the run directory; a resumed run reattaches to its tracker runs."""
+    trackers = None
     try:
-        summary = _loop(built, run, stop, quiet, latest)
+        trackers = Trackers.open(built.cfg, run.path, resumed=resumed, warn=warn)
+        summary = _loop(built, run, stop, quiet, latest, trackers)
+        trackers.log_summary(summary)  # marks the tracker runs finished on close
     except BaseException as err:
         if isinstance(err, Preempted):
             run.preempt(str(err), step=getattr(err, "step", None))
@@ -75,6 +89,9 @@ def _own(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
         except AttributeError:
             pass
         raise
+    finally:
+        if trackers is not None:
+            trackers.close()
     run.finish(summary)
     ckpt.remove_all(run.path)  # a finished run keeps its final weights, not its checkpoints
     return run.path
@@ -100,7 +117,7 @@ class Position:
 
 
 def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
-          latest: Path | None) -> dict[str, Any]:
+          latest: Path | None, trackers: Trackers) -> dict[str, Any]:
     cfg, model, data, handle, steps = built.cfg, built.model, built.data, built.handle, built.steps
     t_cfg, device = cfg.train, built.device
     model.to(device)
@@ -155,13 +172,15 @@ def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
                     micro, loss_sum = 0, 0.0
                     if "ranks" in logs:
                         run.log_ranks(pos.step, logs["ranks"])
+                        trackers.log_ranks(pos.step, logs["ranks"])
                     if pos.step % t_cfg.log_every == 0 or pos.step == steps:
                         run.log(row)
+                        trackers.log_row(row)
                     progress.advance(row)
                     beat.step = pos.step
                     faults.hit("step", pos.step)
                 if t_cfg.eval_every and pos.step % t_cfg.eval_every == 0 and pos.step < steps:
-                    _evaluate(built, device, autocast, pos.step, run, progress)
+                    _evaluate(built, device, autocast, pos.step, run, progress, trackers)
                 if t_cfg.save_every and pos.step % t_cfg.save_every == 0:
                     save()
                 if stop.received:
@@ -178,7 +197,7 @@ def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
         if pos.saved_step != pos.step:
             save()  # protects the final evaluation (long for SQuAD and summarization)
         train_seconds = pos.seconds + time.perf_counter() - start
-        results = _evaluate(built, device, autocast, pos.step, run, progress)
+        results = _evaluate(built, device, autocast, pos.step, run, progress, trackers)
         if hasattr(built.task, "save_predictions"):  # e.g. predictions.json for SQuAD
             built.task.save_predictions(run.path)
 
@@ -209,7 +228,7 @@ def _train_row(step: int, loss: float, lr: float, logs: dict[str, Any],
 
 
 def _evaluate(built: Built, device, autocast, step: int, run: RunDir,
-              progress: TrainProgress) -> dict[str, dict[str, float]]:
+              progress: TrainProgress, trackers: Trackers) -> dict[str, dict[str, float]]:
     results = {}
     for split, dataset in built.data.eval_splits.items():
         progress.note(f"evaluating {split}")
@@ -218,6 +237,7 @@ def _evaluate(built: Built, device, autocast, step: int, run: RunDir,
             collate=built.data.collate, device=device, autocast=autocast)
         results[split] = {k: float(v) for k, v in metrics.items()}
         run.log({"step": step, "split": split, **results[split]})
+        trackers.log_eval(step, split, results[split])
         faults.hit("eval", step)
     progress.note("")
     return results

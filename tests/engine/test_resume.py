@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from adalora_cli.engine.checkpoint import latest_checkpoint
 from adalora_cli.rundir import RunDir, is_finished, read_metrics
 
@@ -88,3 +90,21 @@ def test_full_disk_fails_cleanly_and_resumes(smoke, tmp_path, baseline):
     assert not list((out / "checkpoints").glob(".partial-*"))
     assert forked(resume_args(out)) == 0
     assert same_outputs(out, baseline) == []
+
+
+def test_a_resumed_run_continues_its_tensorboard_curves(smoke, tmp_path):
+    """Killed after step 14 (checkpoint 12): the resumed attempt rewrites steps 13-14 and
+    TensorBoard shows one curve, each step once, equal to metrics.jsonl."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    args = ("train.save_every=3", "log.to=[tensorboard]")
+    assert forked(smoke(out, *args), "kill@step=14") == -9
+    assert forked(resume_args(out)) == 0
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("train/loss")
+    rows = [r for r in read_metrics(out) if "loss" in r]
+    assert [e.step for e in events] == [r["step"] for r in rows] == list(range(1, 33))
+    # TensorBoard keeps float32
+    assert [e.value for e in events] == pytest.approx([r["loss"] for r in rows], rel=1e-6)

@@ -1,0 +1,193 @@
+"""The one logger interface the training loop calls; it fans out to the chosen trackers.
+
+Names, the same in every tracker:
+
+    train/loss, train/lr, train/budget, train/orth_reg   every training row, at its step
+    eval/<split>/<metric>                                every evaluation
+    rank/<module path>, rank/total                       AdaLoRA: every mask event
+    rank_heatmap (image)                                 AdaLoRA: see below
+    final/...                                            the summary: metrics, parameter
+                                                         counts, train_seconds,
+                                                         peak_memory_bytes, device, ...
+
+The rank heatmap (paper Figure 3) is drawn at the first mask event, then at a mask
+event only when ``log.heatmap_every_s`` seconds have passed since the last drawing (mask
+events can come every step), and always once at the end from the final rank pattern.
+
+A backend that raises is reported once through ``warn`` and dropped; the others and the
+run directory carry on. Nothing here raises into the training loop after ``open``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, RunConfig
+from ..rundir import RANK_PATTERN, TRACKERS
+from .base import Sink, flatten, run_info
+
+# tracker name -> module of this package that implements it (its PACKAGES say what it needs)
+BACKENDS = {"tensorboard": "tensorboard_sink", "wandb": "wandb_sink", "mlflow": "mlflow_sink"}
+
+
+def _backend(name: str):
+    return importlib.import_module(f"{__package__}.{BACKENDS[name]}")
+
+
+def check_trackers(cfg: RunConfig) -> None:
+    """Before training: every tracker in ``log.to`` has its packages installed."""
+    for name in cfg.log.to:
+        missing = [p for p in _backend(name).PACKAGES if importlib.util.find_spec(p) is None]
+        if missing:
+            raise ConfigError(
+                f"log.to includes {name} but the {missing[0]} package is not installed; "
+                f"pip install 'adalora[{name}]' (or drop {name} from log.to)")
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / TRACKERS).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class Trackers:
+    """Fan-out over the selected backends; with none selected every call is a no-op."""
+
+    def __init__(self, sinks: list[Sink], warn: Callable[[str], None], cfg: RunConfig,
+                 run_dir: Path):
+        self.sinks = sinks
+        self.warn = warn
+        self.run_dir = run_dir
+        self.heatmap_every_s = cfg.log.heatmap_every_s
+        self.label = f"{cfg.task.name} {cfg.method.name}"
+        self.last_ranks: tuple[int, dict[str, int]] | None = None
+        self.last_heatmap: float | None = None
+        self.finished = False
+
+    @classmethod
+    def open(cls, cfg: RunConfig, run_dir: Path, *, resumed: bool,
+             warn: Callable[[str], None]) -> Trackers:
+        run_dir = Path(run_dir)
+        state = read_state(run_dir) if resumed else {}
+        sinks = []
+        for name in cfg.log.to:
+            info = run_info(cfg, run_dir, resumed, state.get(name))
+            try:
+                sink = _backend(name).open_sink(info)
+            except Exception as err:  # a tracker never stops a run from starting
+                warn(f"{name} could not be opened ({_reason(err)}); "
+                     "logging to the run directory only for it")
+                continue
+            sinks.append(sink)
+            state[name] = sink.state
+        if sinks:
+            try:
+                (run_dir / TRACKERS).write_text(json.dumps(state, indent=2) + "\n")
+            except OSError as err:
+                warn(f"{TRACKERS} could not be written ({_reason(err)}); "
+                     "a resumed run will start new tracker runs")
+        return cls(sinks, warn, cfg, run_dir)
+
+    # ------------------------------------------------------------------ the loop's calls
+    def log_row(self, row: dict[str, Any]) -> None:
+        if not self.sinks:
+            return
+        metrics = {f"train/{k}": float(v) for k, v in row.items()
+                   if k != "step" and _is_number(v)}
+        self._each("log_metrics", int(row["step"]), metrics)
+
+    def log_eval(self, step: int, split: str, metrics: dict[str, float]) -> None:
+        if not self.sinks:
+            return
+        self._each("log_metrics", step,
+                   {f"eval/{split}/{k}": float(v) for k, v in metrics.items() if _is_number(v)})
+
+    def log_ranks(self, step: int, ranks: dict[str, int]) -> None:
+        if not self.sinks:
+            return
+        self.last_ranks = (step, dict(ranks))
+        metrics = {f"rank/{path}": float(r) for path, r in ranks.items()}
+        metrics["rank/total"] = float(sum(ranks.values()))
+        self._each("log_metrics", step, metrics)
+        now = time.monotonic()
+        if self.last_heatmap is None or now - self.last_heatmap >= self.heatmap_every_s:
+            self.last_heatmap = now
+            self._heatmap(step, ranks, "ranks")
+
+    def log_summary(self, summary: dict[str, Any]) -> None:
+        if not self.sinks:
+            return
+        step = int(summary.get("total_steps") or 0)
+        flat = flatten(summary, sep="/")
+        numbers = {f"final/{k}": float(v) for k, v in flat.items() if _is_number(v)}
+        texts = {k: v for k, v in flat.items() if isinstance(v, str)}
+        self._each("log_summary", step, numbers, texts)
+        final = self._final_pattern()
+        if final is not None:
+            self._heatmap(step, final, "final ranks")
+        self.finished = True
+
+    def close(self) -> None:
+        for sink in list(self.sinks):
+            self._call(sink, "close", self.finished)
+        self.sinks = []
+
+    # ------------------------------------------------------------------ internals
+    def _final_pattern(self) -> dict[str, int] | None:
+        """The final rank pattern: rank_pattern.json when written, else the last mask event."""
+        try:
+            return json.loads((self.run_dir / RANK_PATTERN).read_text())
+        except (OSError, ValueError):
+            return self.last_ranks[1] if self.last_ranks else None
+
+    def _heatmap(self, step: int, ranks: dict[str, int], what: str) -> None:
+        try:
+            image = _render(ranks, f"{self.label}: {what} at step {step} "
+                                   f"(total {sum(ranks.values())})")
+        except Exception as err:  # drawing is ours, but still never worth a run
+            self.warn(f"the rank heatmap could not be drawn ({_reason(err)}); skipped it")
+            return
+        self._each("log_image", step, "rank_heatmap", image)
+
+    def _each(self, method: str, *args: Any) -> None:
+        for sink in list(self.sinks):
+            self._call(sink, method, *args)
+
+    def _call(self, sink: Sink, method: str, *args: Any) -> None:
+        try:
+            getattr(sink, method)(*args)
+        except Exception as err:
+            self.sinks.remove(sink)
+            self.warn(f"{sink.name} tracking failed ({_reason(err)}); dropped it, "
+                      "the run goes on and its run directory is complete")
+            if method != "close":
+                try:
+                    sink.close(False)
+                except Exception:
+                    pass  # it already failed once; one warning is enough
+
+
+def _render(ranks: dict[str, int], title: str):
+    import io
+
+    from PIL import Image
+
+    from ..heatmap import heatmap_png
+
+    return Image.open(io.BytesIO(heatmap_png(ranks, title=title))).convert("RGB")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _reason(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__

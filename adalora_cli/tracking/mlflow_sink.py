@@ -1,0 +1,120 @@
+"""MLflow: one MLflow run per training run, in the experiment ``log.project``.
+
+The flattened config becomes the run's params, the sweep/task/method/budget/seed its tags,
+every curve a metric with its step, the heatmap an image (``log_image`` with a step), and
+the summary ``final/...`` metrics plus tags for text facts such as the device. The run id
+is saved in trackers.json; a resumed run sets the same run back to RUNNING and goes on
+logging into it. The client is used directly (no global active run), so several runs in
+one process never cross.
+
+Metrics are buffered and sent every ``FLUSH_S`` seconds (or 1,000 metrics) as one
+asynchronous batch (MLflow's own queue and thread): on a SQLite store a call costs tens
+of milliseconds however small, which every step would pay, and AdaLoRA adds one rank per
+matrix at every mask event. Sent batches are waited for as they pile up and all at close,
+so a failure still surfaces here and the tracker is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .base import RunInfo, Sink
+
+PACKAGES = ("mlflow", "sqlalchemy", "alembic")  # mlflow-skinny plus its SQLite store
+
+_BATCH = 100  # MLflow's limit on params per log_batch call
+_METRICS = 1000  # MLflow's limit on metrics per log_batch call
+FLUSH_S = 2.0  # the longest a metric waits in the buffer: MLflow lags at most this much
+_PENDING = 16  # batches in flight before the oldest half is waited for
+
+
+class MlflowSink(Sink):
+    name = "mlflow"
+
+    def __init__(self, info: RunInfo):
+        from mlflow.tracking import MlflowClient
+
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # no schema-migration chatter
+        saved = info.state or {}
+        uri = saved.get("tracking_uri") if info.resumed else None
+        self.client = MlflowClient(tracking_uri=uri or info.log.mlflow_uri)
+        # Resumed: {metric: last step MLflow holds}, looked up once per metric, so points
+        # logged past the checkpoint the run resumes from are kept, not doubled.
+        self.last_step: dict[str, int] | None = None
+        self.buffer: list = []  # Metric entities not sent yet
+        self.sent_at = time.monotonic()
+        self.pending: list = []  # RunOperations of async log_batch calls
+        if info.resumed and saved.get("run_id"):
+            self.run_id = saved["run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+            self.last_step = {}
+        else:
+            self.run_id = self._create(info)
+        self.state = {"run_id": self.run_id, "tracking_uri": self.client.tracking_uri}
+
+    def _create(self, info: RunInfo) -> str:
+        from mlflow.entities import Param
+
+        experiment = self.client.get_experiment_by_name(info.project)
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else self.client.create_experiment(info.project))
+        run = self.client.create_run(experiment_id, run_name=info.name, tags=info.tags)
+        params = [Param(k, str(v)) for k, v in info.hparams.items()]
+        for i in range(0, len(params), _BATCH):
+            self.client.log_batch(run.info.run_id, params=params[i:i + _BATCH])
+        return run.info.run_id
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.buffer += [Metric(k, float(v), now, step) for k, v in metrics.items()
+                        if step > self._held(k)]
+        if len(self.buffer) >= _METRICS or time.monotonic() - self.sent_at >= FLUSH_S:
+            self._send()
+
+    def _send(self) -> None:
+        for i in range(0, len(self.buffer), _METRICS):
+            self.pending.append(self.client.log_batch(
+                self.run_id, metrics=self.buffer[i:i + _METRICS], synchronous=False))
+        self.buffer, self.sent_at = [], time.monotonic()
+        if len(self.pending) > _PENDING:
+            self._wait(_PENDING // 2)
+
+    def _wait(self, n: int | None = None) -> None:
+        """Wait for the oldest ``n`` (all) async operations; raises if one failed."""
+        count = len(self.pending) if n is None else n
+        done, self.pending = self.pending[:count], self.pending[count:]
+        for operations in done:
+            operations.wait()
+
+    def _held(self, key: str) -> int:
+        """The last step of ``key`` an earlier segment of this run logged (-1: none)."""
+        if self.last_step is None:
+            return -1
+        if key not in self.last_step:
+            history = self.client.get_metric_history(self.run_id, key)
+            self.last_step[key] = max((m.step for m in history), default=-1)
+        return self.last_step[key]
+
+    def log_image(self, step: int, key: str, image) -> None:
+        self.client.log_image(self.run_id, image, key=key, step=step)
+
+    def log_summary(self, step: int, numbers: dict[str, float], texts: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        self.log_metrics(step, numbers)
+        self._send()
+        self.client.log_batch(self.run_id, tags=[RunTag(f"final/{k}", str(v)[:5000])
+                                                 for k, v in texts.items()])
+
+    def close(self, finished: bool) -> None:
+        self._send()
+        self._wait()
+        self.client.set_terminated(self.run_id, status="FINISHED" if finished else "FAILED")
+
+
+def open_sink(info: RunInfo) -> Sink:
+    return MlflowSink(info)
