@@ -56,7 +56,8 @@ def main() -> None:
 
 def _fail(message: str, code: int) -> None:
     # escape: a message may quote config text such as log.to=[wandb], not Rich markup
-    err().print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun one line, not one per rank
+        err().print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -86,6 +87,9 @@ def train(
         False, "--dry-run",
         help="Build model and method, print the parameter table, train nothing."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    nproc: int = typer.Option(
+        1, "--nproc", help="Processes (GPUs) for this one run, launched with torchrun; "
+                           "train.batch_size stays the global batch."),
 ) -> None:
     """Fine-tune one model with one method on one task and write a run directory.
 
@@ -99,6 +103,8 @@ def train(
     die_with_parent()  # started by a sweep: stop (with a checkpoint) if the sweep dies
     _quiet_libraries()
     extra = list(overrides or [])
+    if nproc < 1:
+        _fail(f"--nproc must be >= 1, got {nproc}", EXIT_USAGE)
     try:
         if resume is not None:
             if run_dir is not None or dry_run:
@@ -114,9 +120,10 @@ def train(
 
             loop.RunDir.check_claimable(resume)
             cfg = resume_config(resume / CONFIG, extra)
-            path = loop.resume(resume, cfg, quiet=quiet,
-                               note=lambda text: err().print(f"[yellow]note:[/] {text}",
-                                                             highlight=False, soft_wrap=True))
+            if nproc != 1:
+                code = _launch_ranks(nproc, cfg)
+            else:
+                path = loop.resume(resume, cfg, quiet=quiet, note=_note)
         else:
             if config is None:
                 raise ConfigError("pass a config (adalora train configs/glue/rte.yaml) or "
@@ -125,7 +132,10 @@ def train(
             if dry_run:
                 _print_dry_run(build.dry_run(cfg))
                 return
-            path = loop.train(cfg, run_dir, quiet=quiet)
+            if nproc != 1:
+                code = _launch_ranks(nproc, cfg)
+            else:
+                path = loop.train(cfg, run_dir, quiet=quiet)
     except ConfigError as e:
         if _debug():
             raise
@@ -147,7 +157,36 @@ def train(
         suffix = f" (run directory marked failed: {where})" if where else ""
         _fail(f"{type(e).__name__}: {build.first_line(e)}{suffix}; "
               "rerun with ADALORA_DEBUG=1 for the traceback", EXIT_FAILED)
-    _print_result(path)
+    if nproc != 1:
+        raise typer.Exit(code)  # each rank said what there was to say
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
+        _print_result(path)
+
+
+def _note(text: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        err().print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def _launch_ranks(nproc: int, cfg) -> int:
+    """``adalora train ... --nproc N``: the same command on N processes (one machine; for
+    several machines call torchrun yourself with ``-m adalora_cli``)."""
+    from .engine.distributed import World, per_rank_batch
+    from .engine.launch import launch
+
+    if os.environ.get("WORLD_SIZE"):
+        raise ConfigError("--nproc is for launching; under torchrun drop it (torchrun sets "
+                          "the ranks)")
+    per_rank_batch(cfg.train.batch_size, World(0, nproc, 0))  # refused before any launch
+    args, skip = [], False
+    for arg in sys.argv[2:]:  # `adalora train ...` without --nproc N
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    return launch(nproc, ["train", *args])
 
 
 def _print_dry_run(result: dict) -> None:

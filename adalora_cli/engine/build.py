@@ -26,6 +26,7 @@ from ..methods.base import MethodHandle
 from ..methods.budget_params import budget_info
 from ..tasks import get_task
 from ..tasks.base import Task, TaskData
+from .distributed import World
 from .schedule import total_steps
 
 
@@ -122,9 +123,15 @@ class Built:
     device: torch.device
 
 
-def build_run(cfg: RunConfig) -> Built:
-    """Seed, load, encode and attach the method; nothing touches the disk."""
+def build_run(cfg: RunConfig, w: World | None = None) -> Built:
+    """Seed, load, encode and attach the method; nothing touches the disk.
+
+    Every rank of a distributed run builds the same model from the same seed; on CUDA each
+    takes the GPU of its local rank."""
     device = pick_device(cfg.train.device)
+    if w is not None and w.distributed and device.type == "cuda":
+        device = torch.device("cuda", w.local_rank)
+        torch.cuda.set_device(device)
     resolved = resolve_resources(cfg)
     seed_everything(cfg.train.seed)
     task = get_task(resolved)

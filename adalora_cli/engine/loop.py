@@ -15,6 +15,7 @@ import math
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,15 +23,35 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..config import RunConfig, dump_config
+from ..config import ConfigError, RunConfig, dump_config
 from ..export import export_facts
 from ..progress import TrainProgress
-from ..rundir import CONFIG, HEATMAP, RANK_PATTERN, RunDir, default_run_dir, write_text_atomic
+from ..rundir import (
+    CONFIG,
+    HEATMAP,
+    RANK_PATTERN,
+    RunBusy,
+    RunDir,
+    default_run_dir,
+    write_text_atomic,
+)
 from ..tracking import Trackers, check_trackers
 from ..weights import save_weights, trained_state
 from . import checkpoint as ckpt
 from . import faults
 from .build import Built, autocast_factory, build_run, first_line
+from .distributed import (
+    World,
+    any_rank,
+    barrier,
+    broadcast,
+    check_masks,
+    global_mean,
+    init,
+    per_rank_batch,
+    shutdown,
+    world,
+)
 from .order import EpochBatches, example_lengths
 from .schedule import linear_schedule
 from .signals import Preempted, StopSignals
@@ -39,27 +60,82 @@ from .step import Stepper
 
 def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False) -> Path:
     """Train, evaluate and write a new run directory. Returns its path."""
+    w = world()
     with StopSignals() as stop:
         check_trackers(cfg)  # a missing tracker package fails before anything
-        built = build_run(cfg)  # every user error is raised here, before anything is written
-        run = RunDir.create(run_dir or default_run_dir(cfg), cfg)
-        return _own(built, run, stop, quiet, None, resumed=False)
+        per_rank_batch(cfg.train.batch_size, w)
+        built = build_run(cfg, w)  # every user error is raised here, before anything is written
+        init(w, built.device.type)
+        try:
+            run = _on_rank0(w, lambda: RunDir.create(run_dir or default_run_dir(cfg), cfg))
+            return _own(built, run, stop, quiet, None, resumed=False, w=w)
+        finally:
+            shutdown()
 
 
 def resume(path: Path, cfg: RunConfig, quiet: bool = False,
            note=lambda text: None) -> Path:
-    """Continue the unfinished run in ``path`` with ``cfg`` (checked by the caller)."""
+    """Continue the unfinished run in ``path`` with ``cfg`` (checked by the caller).
+
+    The checkpoint holds no trace of the number of processes, so a run may resume on more
+    or fewer than it started with."""
+    w = world()
     with StopSignals() as stop:
         RunDir.check_claimable(path)  # a finished or live run is refused before the build
         check_trackers(cfg)
-        built = build_run(cfg)
-        run = RunDir.reopen(path)
-        write_text_atomic(path / CONFIG, dump_config(cfg))
-        latest = ckpt.latest_checkpoint(path)
-        if latest is None:
-            note(f"{path} has no checkpoint yet; starting it over from step 0")
-            run.clear_outputs()
-        return _own(built, run, stop, quiet, latest, resumed=True)
+        per_rank_batch(cfg.train.batch_size, w)
+        built = build_run(cfg, w)
+        init(w, built.device.type)
+
+        def reopen() -> RunDir:
+            run = RunDir.reopen(path)
+            write_text_atomic(path / CONFIG, dump_config(cfg))
+            run.latest = ckpt.latest_checkpoint(path)
+            if run.latest is None:
+                note(f"{path} has no checkpoint yet; starting it over from step 0")
+                run.clear_outputs()
+            return run
+
+        try:
+            run = _on_rank0(w, reopen)
+            latest = broadcast(run.latest, w)
+            return _own(built, run, stop, quiet, latest, resumed=True, w=w)
+        finally:
+            shutdown()
+
+
+class Silent:
+    """What ranks other than 0 hold instead of the run directory: they write nothing."""
+
+    latest = None
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def log(self, row: dict[str, Any]) -> None: ...
+    def log_ranks(self, step: int, ranks: dict[str, int]) -> None: ...
+    def stream_sizes(self) -> dict[str, int]: return {}
+    def truncate_streams(self, sizes: dict[str, int]) -> None: ...
+    def fail(self, error: str) -> None: ...
+    def preempt(self, reason: str, step: int) -> None: ...
+    def finish(self, summary: dict[str, Any]) -> None: ...
+
+
+def _on_rank0(w: World, claim: Callable[[], RunDir]) -> RunDir | Silent:
+    """Rank 0 claims the run directory; the others learn its path, or its refusal."""
+    if not w.distributed:
+        return claim()
+    run, outcome = None, None
+    if w.main:
+        try:
+            run = claim()
+            outcome = ("ok", str(run.path))
+        except (ConfigError, RunBusy) as err:
+            outcome = (type(err).__name__, str(err))
+    outcome = broadcast(outcome, w)
+    if outcome[0] != "ok":
+        raise (RunBusy if outcome[0] == "RunBusy" else ConfigError)(outcome[1])
+    return run if w.main else Silent(Path(outcome[1]))
 
 
 def warn(message: str) -> None:
@@ -67,15 +143,16 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def _own(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
-         latest: Path | None, *, resumed: bool) -> Path:
+def _own(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
+         latest: Path | None, *, resumed: bool, w: World) -> Path:
     """Run the loop in a claimed directory and leave it finished, preempted or failed.
 
     Trackers mirror the run directory; a resumed run reattaches to its tracker runs."""
     trackers = None
     try:
-        trackers = Trackers.open(built.cfg, run.path, resumed=resumed, warn=warn)
-        summary = _loop(built, run, stop, quiet, latest, trackers)
+        trackers = (Trackers.open(built.cfg, run.path, resumed=resumed, warn=warn) if w.main
+                    else Trackers([], warn, built.cfg, run.path))
+        summary = _loop(built, run, stop, quiet or not w.main, latest, trackers, w)
         trackers.log_summary(summary)  # marks the tracker runs finished on close
     except BaseException as err:
         if isinstance(err, Preempted):
@@ -93,7 +170,8 @@ def _own(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
         if trackers is not None:
             trackers.close()
     run.finish(summary)
-    ckpt.remove_all(run.path)  # a finished run keeps its final weights, not its checkpoints
+    if w.main:
+        ckpt.remove_all(run.path)  # a finished run keeps its final weights, not checkpoints
     return run.path
 
 
@@ -116,12 +194,17 @@ class Position:
     results: dict[str, Any] = field(default_factory=dict)
 
 
-def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
-          latest: Path | None, trackers: Trackers) -> dict[str, Any]:
+def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
+          latest: Path | None, trackers: Trackers, w: World) -> dict[str, Any]:
     cfg, model, data, handle, steps = built.cfg, built.model, built.data, built.handle, built.steps
     t_cfg, device = cfg.train, built.device
     model.to(device)
     model.train()
+    if w.distributed:  # gradients all-reduced (averaged) in backward; eval uses ``model``
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     autocast, amp_dtype = autocast_factory(t_cfg.precision, device)
@@ -134,7 +217,7 @@ def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
         grad_accum=t_cfg.grad_accum, max_grad_norm=t_cfg.max_grad_norm, autocast=autocast)
     generator = torch.Generator().manual_seed(t_cfg.seed)
     lengths = example_lengths(data.train) if t_cfg.group_by_length else None
-    batches = EpochBatches(data.train, t_cfg.batch_size, generator, lengths)
+    batches = EpochBatches(data.train, t_cfg.batch_size, generator, lengths, world=w)
     loader = DataLoader(data.train, batch_sampler=batches, collate_fn=data.collate,
                         generator=generator)
     pos = _restore(latest, built, stepper, run) if latest is not None else Position()
@@ -144,12 +227,13 @@ def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
     def save() -> None:
         with stop.deferred():
             pos.seconds_now = pos.seconds + time.perf_counter() - start
-            path = _save(run, built, stepper, generator, pos)
+            if w.main:  # the state is the same on every rank: rank 0 writes it
+                path = _save(run, built, stepper, generator, pos)
+                pos.checkpoint_bytes = sum(f.stat().st_size for f in path.iterdir())
             pos.saved_step = pos.step
-            pos.checkpoint_bytes = sum(f.stat().st_size for f in path.iterdir())
 
     with TrainProgress(total=steps, disable=quiet, start=pos.step) as progress, \
-            _heartbeat(run) as beat:
+            _heartbeat(run, w) as beat:
         beat.step = pos.step
         while pos.step < steps:
             if pos.epoch_start is None:  # a fresh epoch (not one being resumed)
@@ -161,7 +245,8 @@ def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
             for batch in loader:
                 with stop.deferred():
                     batch = {k: v.to(device) for k, v in batch.items()}
-                    loss, reg = stepper.backward(batch)
+                    loss, reg = stepper.backward(batch, batches.weight)
+                    loss = global_mean(loss, batches.weight, w)  # the global batch's mean
                     micro, loss_sum, pos.consumed = micro + 1, loss_sum + loss, pos.consumed + 1
                     if micro % t_cfg.grad_accum and pos.consumed < len(loader):
                         continue
@@ -171,6 +256,7 @@ def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
                     row = _train_row(pos.step, loss_sum / micro, lr, logs, reg)
                     micro, loss_sum = 0, 0.0
                     if "ranks" in logs:
+                        check_masks(handle.allocator.mask, pos.step, w)
                         run.log_ranks(pos.step, logs["ranks"])
                         trackers.log_ranks(pos.step, logs["ranks"])
                     if pos.step % t_cfg.log_every == 0 or pos.step == steps:
@@ -180,14 +266,15 @@ def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
                     beat.step = pos.step
                     faults.hit("step", pos.step)
                 if t_cfg.eval_every and pos.step % t_cfg.eval_every == 0 and pos.step < steps:
-                    _evaluate(built, device, autocast, pos.step, run, progress, trackers)
+                    _evaluate(built, device, autocast, pos.step, run, progress, trackers, w)
                 if t_cfg.save_every and pos.step % t_cfg.save_every == 0:
                     save()
-                if stop.received:
+                if any_rank(stop.received is not None, w):  # every rank stops at this step
                     if pos.saved_step != pos.step:
                         save()
-                    err = Preempted(f"stopped by {stop.received} at step {pos.step}; resume "
-                                    f"with adalora train --resume {run.path}")
+                    why = stop.received or "a signal to another process"
+                    err = Preempted(f"stopped by {why} at step {pos.step}; resume with "
+                                    f"adalora train --resume {run.path}")
                     err.step = pos.step
                     raise err
                 if pos.step >= steps:
@@ -197,9 +284,12 @@ def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
         if pos.saved_step != pos.step:
             save()  # protects the final evaluation (long for SQuAD and summarization)
         train_seconds = pos.seconds + time.perf_counter() - start
-        results = _evaluate(built, device, autocast, pos.step, run, progress, trackers)
-        if hasattr(built.task, "save_predictions"):  # e.g. predictions.json for SQuAD
+        results = _evaluate(built, device, autocast, pos.step, run, progress, trackers, w)
+        if w.main and hasattr(built.task, "save_predictions"):  # e.g. SQuAD's answers
             built.task.save_predictions(run.path)
+
+    if not w.main:
+        return {}
 
     # epochs actually run (fractional under max_steps): the report's time per epoch
     epochs = steps / math.ceil(len(loader) / t_cfg.grad_accum)
@@ -209,9 +299,13 @@ def _loop(built: Built, run: RunDir, stop: StopSignals, quiet: bool,
     return summary
 
 
-def _heartbeat(run: RunDir):
+def _heartbeat(run: RunDir | Silent, w: World):
     from ..lifecycle import Heartbeat
-    return Heartbeat(run.path)
+
+    beat = Heartbeat(run.path)
+    if not w.main:  # only rank 0 owns the run directory
+        beat.beat = lambda: None
+    return beat
 
 
 def _train_row(step: int, loss: float, lr: float, logs: dict[str, Any],
@@ -227,9 +321,15 @@ def _train_row(step: int, loss: float, lr: float, logs: dict[str, Any],
     return row
 
 
-def _evaluate(built: Built, device, autocast, step: int, run: RunDir,
-              progress: TrainProgress, trackers: Trackers) -> dict[str, dict[str, float]]:
-    results = {}
+def _evaluate(built: Built, device, autocast, step: int, run: RunDir | Silent,
+              progress: TrainProgress, trackers: Trackers,
+              w: World) -> dict[str, dict[str, float]]:
+    """Rank 0 scores every split on the whole data (so the numbers do not depend on the
+    number of processes); the other ranks wait for it."""
+    results: dict[str, dict[str, float]] = {}
+    if not w.main:
+        barrier(w)
+        return results
     for split, dataset in built.data.eval_splits.items():
         progress.note(f"evaluating {split}")
         metrics = built.task.evaluate(
@@ -240,6 +340,7 @@ def _evaluate(built: Built, device, autocast, step: int, run: RunDir,
         trackers.log_eval(step, split, results[split])
         faults.hit("eval", step)
     progress.note("")
+    barrier(w)
     return results
 
 

@@ -7,6 +7,9 @@ To resume, the loop saves the generator's state at the start of the epoch and ho
 batches it has used; restoring that state redraws the same permutation, and the batches
 already used are skipped as index lists (nothing is loaded or collated twice).
 
+On several processes each global batch is cut into one slice per rank (see
+``distributed.py``); the order, and so T, is that of one process.
+
 ``train.group_by_length`` instead cuts the epoch's permutation into windows of 50 batches,
 sorts each window by length so a batch holds examples of similar length (less padding),
 and shuffles the order of the batches with the same generator.
@@ -20,6 +23,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler
 
+from .distributed import World, shard
+
 GROUP_WINDOW = 50
 """Batches per window sorted by length under group_by_length (Hugging Face's Trainer
 uses the same factor for its megabatches)."""
@@ -29,8 +34,11 @@ class EpochBatches(Sampler[list[int]]):
     """Shuffled batches of the training set; ``skip`` batches are dropped once, on resume."""
 
     def __init__(self, data: Any, batch_size: int, generator: torch.Generator,
-                 lengths: Sequence[int] | None = None):
+                 lengths: Sequence[int] | None = None, world: World | None = None):
         self.n = len(data)
+        self.world = world or World()
+        self.weight = 1.0
+        """Weight of this rank's mean loss for the batch last yielded (distributed.shard)."""
         self.batch_size = batch_size
         self.generator = generator
         self.lengths = list(lengths) if lengths is not None else None
@@ -57,8 +65,11 @@ class EpochBatches(Sampler[list[int]]):
         skip, self.skip = self.skip, 0
         batches = iter(self._grouped()) if self.lengths is not None else iter(self._inner)
         for k, batch in enumerate(batches):
-            if k >= skip:
-                yield batch
+            if k < skip:
+                continue
+            if self.world.distributed:  # this rank's slice of the global micro-batch
+                batch, self.weight = shard(batch, self.world)
+            yield batch
 
 
 def example_lengths(data: Any) -> list[int]:

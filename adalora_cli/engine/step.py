@@ -30,13 +30,18 @@ class Stepper:
     max_grad_norm: float = 1.0
     autocast: Callable[[], Any] = contextlib.nullcontext
 
-    def backward(self, batch: dict[str, torch.Tensor]) -> tuple[float, torch.Tensor | None]:
-        """Forward and backward one micro-batch; returns (task loss, unweighted regularizer)."""
+    def backward(self, batch: dict[str, torch.Tensor], weight: float = 1.0
+                 ) -> tuple[float, torch.Tensor | None]:
+        """Forward and backward one micro-batch; returns (task loss, unweighted regularizer).
+
+        ``weight`` scales this process's share of a distributed micro-batch (see
+        distributed.shard); the regularizer is the same on every rank and is not scaled."""
         handle = self.handle
         with self.autocast():
             loss = self.model(**batch).loss
         reg = handle.regularizer() if handle.regularizer is not None else None
-        total = loss + handle.reg_weight * reg if reg is not None else loss
+        scaled = loss * weight if weight != 1.0 else loss
+        total = scaled + handle.reg_weight * reg if reg is not None else scaled
         self.scaler.scale(total / self.grad_accum).backward()
         return float(loss.detach()), reg
 

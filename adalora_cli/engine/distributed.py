@@ -1,0 +1,135 @@
+"""One run on many processes (torchrun / ``torch.distributed``); a no-op on one process.
+
+``train.batch_size`` is the global batch: every optimizer step sees the same examples in
+the same order whatever the number of processes, and each rank takes its slice of each
+global micro-batch. Each rank's loss is weighted by its share of the micro-batch, so the
+gradient DDP averages over ranks is the gradient of the global mean, as on one process.
+Only rank 0 writes (run directory, checkpoints, trackers, progress) and evaluates; the
+others wait for it. The rank allocator runs on every rank from the all-reduced gradients,
+and at every mask event the masks are compared across ranks, failing loudly if they
+ever differ.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..config import ConfigError
+
+TIMEOUT = datetime.timedelta(hours=int(os.environ.get("ADALORA_DIST_TIMEOUT_HOURS", "6")))
+"""How long ranks wait for each other, e.g. while rank 0 evaluates a large split."""
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def world() -> World:
+    """This process's place, from the variables torchrun sets (one process without them)."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    return World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init(w: World, device_type: str) -> None:
+    """Join the process group (NCCL on CUDA, gloo on CPU) when there are several ranks."""
+    if w.distributed and not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=TIMEOUT)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def per_rank_batch(batch_size: int, w: World) -> int:
+    if batch_size % w.size:
+        raise ConfigError(f"train.batch_size={batch_size} is the global batch and must divide "
+                          f"by the {w.size} processes; use a multiple of {w.size}")
+    return batch_size // w.size
+
+
+def shard(indices: list[int], w: World) -> tuple[list[int], float]:
+    """This rank's slice of a global micro-batch and the weight of its mean loss.
+
+    Slices differ by at most one example; a rank left with none (a last batch smaller than
+    the world) runs the batch's first example with weight 0, so every rank still takes part
+    in the gradient all-reduce."""
+    n = len(indices)
+    lo, hi = (w.rank * n) // w.size, ((w.rank + 1) * n) // w.size
+    if hi == lo:
+        return indices[:1], 0.0
+    # DDP averages over ranks: rank r's mean loss times n_r * size / n sums to the global mean
+    return indices[lo:hi], (hi - lo) * w.size / n
+
+
+def _tensor(values: list[float], dtype=torch.float64) -> torch.Tensor:
+    """A tensor where the backend can reduce it: NCCL needs CUDA tensors, gloo takes CPU."""
+    cuda = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def broadcast(value: Any, w: World) -> Any:
+    """Rank 0's ``value`` on every rank."""
+    if not w.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def any_rank(flag: bool, w: World) -> bool:
+    """True on every rank if it is true on any (a stop signal seen by one rank)."""
+    if not w.distributed:
+        return flag
+    t = _tensor([1.0 if flag else 0.0])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def global_mean(value: float, weight: float, w: World) -> float:
+    """The micro-batch's mean loss over all ranks (each rank's mean times its weight)."""
+    if not w.distributed:
+        return value
+    t = _tensor([value * weight])
+    dist.all_reduce(t)
+    return float(t.item()) / w.size
+
+
+def check_masks(mask: torch.Tensor, step: int, w: World) -> None:
+    """Fail loudly if the allocator's mask differs between ranks (it never should)."""
+    if not w.distributed:
+        return
+    m = mask.detach().double().cpu()
+    weights = torch.arange(1, m.numel() + 1, dtype=torch.float64)
+    mine = _tensor([float((m * weights).sum()), float(m.sum())])
+    every = [torch.zeros_like(mine) for _ in range(w.size)]
+    dist.all_gather(every, mine)
+    every = [t.cpu() for t in every]
+    if any(not torch.equal(every[0], other) for other in every[1:]):
+        sums = ", ".join(f"rank {r}: {int(t[1])} kept / checksum {t[0]:.0f}"
+                         for r, t in enumerate(every))
+        raise RuntimeError(f"AdaLoRA masks diverged across processes at step {step} ({sums})")
+
+
+def barrier(w: World) -> None:
+    if w.distributed:
+        dist.barrier()

@@ -1,0 +1,34 @@
+"""``adalora train ... --nproc N``: the same command on N local processes, via torchrun's
+own launcher (``torch.distributed.launcher``), so the user needs no second tool.
+
+torchrun itself reports a failed worker with a multi-line traceback; here the launch
+returns the failing rank's exit code (2 for bad input, 75 for a preempted run, ...) and
+each rank's one-line error is all the user sees.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+
+def launch(nproc: int, args: list[str]) -> int:
+    """Run ``python -m adalora_cli ARGS`` on ``nproc`` ranks; the first failure's exit code."""
+    os.environ.setdefault("LOGLEVEL", "ERROR")  # the elastic agent's own warnings
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
+                          run_id=f"adalora-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", max_restarts=0)
+    try:
+        elastic_launch(config, entrypoint=sys.executable)("-m", "adalora_cli", *args)
+    except ChildFailedError as err:
+        _, failure = err.get_first_failure()
+        code = failure.exitcode
+        return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell
+    except Exception as err:  # e.g. SignalException: the launcher itself was stopped
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 75
+    return 0

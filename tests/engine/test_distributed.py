@@ -1,0 +1,153 @@
+"""One run on two processes (torchrun, gloo, CPU) reproduces the same run on one.
+
+The tiny model's dropout is switched off, so 2 processes x per-rank batch 8 and 1 process x
+batch 16 compute the same gradients up to float rounding: the loss curve, the budget rows,
+the rank pattern and the final metrics must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from adalora_cli.engine.distributed import World, per_rank_batch, shard
+from adalora_cli.rundir import read_metrics
+
+from .conftest import ROOT, SMOKE, forked
+
+
+@pytest.fixture(scope="module")
+def no_dropout(tmp_path_factory) -> Path:
+    model = tmp_path_factory.mktemp("models") / "tiny-bert-no-dropout"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "tiny-bert", model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def args(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", SMOKE, f"model.name_or_path={model}", "train.batch_size=16",
+            "train.epochs=8", *extra, "--run-dir", str(out), "--quiet"]
+
+
+def adalora(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "adalora_cli", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def assert_same_run(one: Path, two: Path) -> None:
+    a, b = read_metrics(one), read_metrics(two)
+    assert [sorted(r) for r in a] == [sorted(r) for r in b]
+    train_a, train_b = [r for r in a if "loss" in r], [r for r in b if "loss" in r]
+    assert [r["step"] for r in train_a] == list(range(1, 33))
+    assert [r["loss"] for r in train_b] == pytest.approx([r["loss"] for r in train_a],
+                                                         abs=2e-6)
+    assert [r["budget"] for r in train_b] == [r["budget"] for r in train_a]
+    assert [r["lr"] for r in train_b] == [r["lr"] for r in train_a]
+    for name in ("rank_pattern.json", "rank_history.jsonl"):
+        assert (one / name).read_text() == (two / name).read_text()
+    metrics = [json.loads((p / "summary.json").read_text())["metrics"] for p in (one, two)]
+    assert metrics[0] == metrics[1]
+
+
+@pytest.fixture(scope="module")
+def one_process(no_dropout, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("one") / "run"
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert forked(args(no_dropout, out)) == 0
+    finally:
+        os.chdir(cwd)
+    return out
+
+
+def test_two_processes_reproduce_one(no_dropout, one_process, tmp_path):
+    out = tmp_path / "two"
+    proc = adalora(*args(no_dropout, out), "--nproc", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("run directory:") == 1  # rank 0 speaks for the run
+    assert_same_run(one_process, out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["total_steps"] == 32  # T from the global batch: 64 / 16 x 8 epochs
+
+
+def test_resume_on_another_number_of_processes(no_dropout, one_process, tmp_path):
+    """Killed on one process after step 14, finished on two: the same run."""
+    out = tmp_path / "run"
+    os.chdir(ROOT)
+    assert forked(args(no_dropout, out, "train.save_every=3"), "kill@step=14") == -9
+    proc = adalora("train", "--resume", str(out), "--quiet", "--nproc", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert_same_run(one_process, out)
+
+
+def test_a_batch_that_does_not_divide_is_refused_before_launch(tmp_path):
+    proc = adalora("train", SMOKE, "train.batch_size=9", "--nproc", "2", "--run-dir",
+                   str(tmp_path / "run"))
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == ["error: train.batch_size=9 is the global batch and must divide by the "
+                     "2 processes; use a multiple of 2"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_shards_cover_the_batch_and_weights_give_the_global_mean():
+    batch = list(range(7))
+    shards = [shard(batch, World(r, 3, r)) for r in range(3)]
+    assert [s for s, _ in shards] == [[0, 1], [2, 3], [4, 5, 6]]
+    losses = [torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])[s].mean() for s, _ in shards]
+    ddp = sum(loss * w for loss, (_, w) in zip(losses, shards)) / 3  # DDP averages ranks
+    assert float(ddp) == pytest.approx(4.0)  # the mean of 1..7
+    # a last batch smaller than the world: the empty rank runs one example at weight 0,
+    # the other carries it at weight 2, so DDP's average (0 + 2 l) / 2 is its loss l
+    assert shard([9], World(0, 2, 0)) == ([9], 0.0)
+    assert shard([9], World(1, 2, 1)) == ([9], 2.0)
+    assert per_rank_batch(16, World(0, 4, 0)) == 4
+
+
+def _mask_worker(rank: int, init: str, diverge: bool, out: str) -> None:
+    import torch.distributed as dist
+
+    from adalora_cli.engine.distributed import check_masks
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    mask = torch.ones(12)
+    if diverge and rank == 1:
+        mask[5] = 0.0
+    try:
+        check_masks(mask, 7, World(rank, 2, rank))
+        result = "ok"
+    except RuntimeError as err:
+        result = str(err)
+    Path(out, f"rank{rank}").write_text(result)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("diverge", [False, True])
+def test_mask_checksums_are_compared_across_ranks(tmp_path, diverge):
+    import multiprocessing as mp
+
+    init = f"file://{tmp_path / 'store'}"
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_mask_worker, args=(r, init, diverge, str(tmp_path)))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    results = [(tmp_path / f"rank{r}").read_text() for r in range(2)]
+    if not diverge:
+        assert results == ["ok", "ok"]
+    else:
+        expected = ("AdaLoRA masks diverged across processes at step 7 (rank 0: 12 kept / "
+                    "checksum 78, rank 1: 11 kept / checksum 72)")
+        assert results == [expected, expected]
