@@ -38,6 +38,7 @@ demo-summarization: install  ## MiniLM warm-started encoder-decoder on BBC News 
 
 bench: install         ## AdaLoRA / LoRA training-step time ratio on the demo model
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/ddp_step.py
 
 lint: install
 	$(VENV)/bin/ruff check adalora_cli tests benchmarks

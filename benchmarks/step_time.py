@@ -28,7 +28,7 @@ from adalora_cli.tasks import get_task
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo" / "rotten_tomatoes.yaml"
 
 
-def make_stepper(method: str, rank: int, total: int, batch: dict):
+def make_stepper(method: str, rank: int, total: int, batch: dict, ddp: bool = False):
     cfg = resolve_resources(load_config(DEMO, [
         f"method.name={method}", f"adalora.init_rank={rank}", f"lora.r={rank}",
         f"adalora.budget={rank * 18}", "adalora.t_init=0",
@@ -37,6 +37,8 @@ def make_stepper(method: str, rank: int, total: int, batch: dict):
     model, _ = load_model(get_task(cfg), cfg)
     handle = apply_method(model, cfg, total)
     model.train()
+    if ddp:  # benchmarks/ddp_step.py: the loop's distributed path
+        model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(handle.trainable, lr=1e-4)
     # the training loop's own step: forward+backward, clip, AdamW, lr step, after-step
     stepper = Stepper(model, handle, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
