@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from adalora_cli.engine.checkpoint import latest_checkpoint
 from adalora_cli.rundir import RunDir, is_finished, read_metrics
@@ -108,3 +109,19 @@ def test_a_resumed_run_continues_its_tensorboard_curves(smoke, tmp_path):
     assert [e.step for e in events] == [r["step"] for r in rows] == list(range(1, 33))
     # TensorBoard keeps float32
     assert [e.value for e in events] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_resume_on_cuda_matches_to_float_noise(smoke, tmp_path):
+    """On CUDA the whole state is restored (CUDA RNG included), but kernels are not bitwise
+    deterministic: the resumed run matches the straight one to float noise."""
+    straight, killed = tmp_path / "a", tmp_path / "b"
+    cuda = ("train.device=cuda", "train.precision=fp32", "train.save_every=3")
+    assert forked(smoke(straight, *cuda)) == 0
+    assert forked(smoke(killed, *cuda), "kill@step=14") == -9
+    assert forked(resume_args(killed)) == 0
+    a, b = read_metrics(straight), read_metrics(killed)
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    assert [r.get("loss", 0) for r in b] == pytest.approx([r.get("loss", 0) for r in a],
+                                                          abs=1e-4)
+    assert [r.get("budget") for r in b] == [r.get("budget") for r in a]
