@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from . import threads
 from .config import ConfigError, load_config
 
 app = typer.Typer(
@@ -50,6 +51,7 @@ def _quiet_libraries() -> None:
 @app.callback()
 def main() -> None:
     """AdaLoRA experiment runner."""
+    threads.apply_defaults()  # before torch loads: OpenMP reads its settings once
 
 
 def _fail(message: str, code: int) -> None:

@@ -25,6 +25,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from . import threads
 from .config import load_config
 from .rundir import CONFIG, RunDir, is_finished
 from .sweep import PlannedRun, SweepSpec
@@ -120,8 +121,8 @@ def _child_env(gpu: str | None, jobs: int) -> dict[str, str]:
     env = dict(os.environ)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
-    if jobs > 1 and "OMP_NUM_THREADS" not in env:  # N CPU runs must not oversubscribe cores
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    # throughput: OMP_WAIT_POLICY, and a share of the cores per CPU job (see threads.py)
+    env.update(threads.child_defaults(env, jobs))
     return env
 
 
