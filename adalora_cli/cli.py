@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from . import threads
 from .config import ConfigError, load_config
 
 app = typer.Typer(
@@ -52,6 +53,7 @@ def _quiet_libraries() -> None:
 @app.callback()
 def main() -> None:
     """AdaLoRA experiment runner."""
+    threads.apply_defaults()  # before torch loads: OpenMP reads its settings once
 
 
 def _fail(message: str, code: int) -> None:

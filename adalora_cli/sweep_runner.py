@@ -32,6 +32,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from . import threads
 from .config import load_config
 from .lifecycle import PARENT_ENV, identity, launch_alive, owner_alive
 from .rundir import CONFIG, LAUNCH, RunDir, is_finished, locked
@@ -137,8 +138,8 @@ def _child_env(gpu: str | None, jobs: int) -> dict[str, str]:
     env[PARENT_ENV] = str(os.getpid())  # the child stops (with a checkpoint) if we die
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
-    if jobs > 1 and "OMP_NUM_THREADS" not in env:  # N CPU runs must not oversubscribe cores
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    # throughput: OMP_WAIT_POLICY, and a share of the cores per CPU job (see threads.py)
+    env.update(threads.child_defaults(env, jobs))
     return env
 
 

@@ -5,7 +5,9 @@ Both methods adapt the same 36 matrices of the pretrained MiniLM with the same r
 whole optimizer step the loop runs: forward, loss (+ the orthogonal regularizer for
 AdaLoRA), backward, clipping, AdamW, and AdaLoRA's after-step (importance EMAs every
 step, a mask every delta_t). Rounds alternate between the two so machine noise lands on
-both; the ratio of medians is printed. Target: at most 1.03.
+both; the ratio of medians is printed. Target: at most 1.03. With the ``bench`` extra
+installed, PEFT's AdaLoRA on the same model and schedule is timed alongside (its
+``update_and_allocate`` after each optimizer step, as PEFT documents).
 
     python benchmarks/step_time.py [--rank 4] [--rounds 12] [--steps 5] [--batch 32]
 """
@@ -53,6 +55,39 @@ def make_stepper(method: str, rank: int, total: int, batch: dict, ddp: bool = Fa
     return step
 
 
+def make_peft_stepper(rank: int, total: int, batch: dict):
+    """PEFT's AdaLoRA on the same model, matrices, rank and schedule, stepped the way its
+    documentation shows: the loss (with its orthogonal penalty) forward and backward,
+    clip, AdamW, ``update_and_allocate(step)`` before ``zero_grad``."""
+    from peft import AdaLoraConfig, get_peft_model
+
+    from adalora_cli.methods.inject import resolve_targets
+
+    cfg = resolve_resources(load_config(DEMO))
+    torch.manual_seed(0)
+    model, _ = load_model(get_task(cfg), cfg)
+    targets = resolve_targets(model, cfg.method.target_modules)
+    model = get_peft_model(model, AdaLoraConfig(
+        task_type="SEQ_CLS", init_r=rank, target_r=max(1, rank // 2), tinit=0, tfinal=1,
+        deltaT=10, beta1=cfg.adalora.beta1, beta2=cfg.adalora.beta2,
+        orth_reg_weight=cfg.adalora.gamma, lora_alpha=cfg.adalora.alpha,
+        lora_dropout=cfg.adalora.dropout, total_step=total, target_modules=targets))
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    state = {"t": 0}
+
+    def step() -> None:
+        model(**batch).loss.backward()  # PEFT adds the orthogonal penalty to .loss
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        model.base_model.update_and_allocate(state["t"])
+        state["t"] += 1
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
 def real_batch(size: int) -> dict:
     cfg = resolve_resources(load_config(DEMO))
     task = get_task(cfg)
@@ -77,12 +112,17 @@ def main() -> None:
     batch = real_batch(args.batch)
     total = 2 + args.rounds * args.steps + 10
     steppers = {m: make_stepper(m, args.rank, total, batch) for m in ("adalora", "lora")}
+    try:  # the bench extra; without it the PEFT line is left out, not faked
+        steppers["peft-adalora"] = make_peft_stepper(args.rank, total, batch)
+    except ImportError:
+        print("peft not installed (pip install -e '.[bench]'): PEFT's AdaLoRA step skipped")
     for s in steppers.values():  # warm-up: allocator buffers, autograd graph caches
         s()
         s()
     times: dict[str, list[float]] = {m: [] for m in steppers}
+    names = list(steppers)
     for r in range(args.rounds):
-        order = ("adalora", "lora") if r % 2 == 0 else ("lora", "adalora")
+        order = names if r % 2 == 0 else names[::-1]
         for m in order:
             start = time.perf_counter()
             for _ in range(args.steps):
@@ -91,10 +131,14 @@ def main() -> None:
     med = {m: statistics.median(v) for m, v in times.items()}
     print(f"demo model (MiniLM-L6, 36 matrices), rank {args.rank}, batch {args.batch}, "
           f"{args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads")
-    for m in ("lora", "adalora"):
-        print(f"  {m:8s} median step {med[m] * 1000:8.1f} ms")
+    for m in ("lora", "adalora", "peft-adalora"):
+        if m in med:
+            print(f"  {m:12s} median step {med[m] * 1000:8.1f} ms")
     ratio = med["adalora"] / med["lora"]
     print(f"AdaLoRA / LoRA step-time ratio: {ratio:.3f}  (target <= 1.03)")
+    if "peft-adalora" in med:
+        print(f"our AdaLoRA / PEFT's AdaLoRA step-time ratio: "
+              f"{med['adalora'] / med['peft-adalora']:.3f}")
 
 
 if __name__ == "__main__":

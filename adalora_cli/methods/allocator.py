@@ -5,7 +5,9 @@
 ``lam``, ``Q`` (or LoRA ``B``, ``A`` for prune-LoRA), so one optimizer step costs a handful
 of whole-tensor ops whatever the number of adapted matrices:
 
-- sensitivity ``I = |w * grad|`` for all entries at once (Eq. 8), then the EMAs (Eqs. 9-10);
+- sensitivity ``I = |w * grad|`` for all entries at once (Eq. 8), written in place into
+  the flat buffer through per-parameter views, then the EMAs (Eqs. 9-10) with a reused
+  scratch buffer: no full-size tensor is allocated per step;
 - entry scores are summed per (triplet, part) with one ``index_add_`` over a precomputed
   entry -> slot index, giving the triplet score of Eq. 7;
 - a persistent flat 0/1 mask over all triplets, with precomputed views onto it, zeroes the
@@ -88,6 +90,7 @@ class RankAllocator:
         self.mask = torch.ones(self.b0, **kw)  # 1 = triplet kept
         self.frozen = False  # True once the final-phase pattern is fixed
         self._views = self._mask_views()
+        self._I_views, self._scratch = self._score_buffers()
 
     @classmethod
     def from_config(cls, layers: Sequence[tuple[str, nn.Module]], cfg: AdaLoRAConfig,
@@ -150,6 +153,20 @@ class RankAllocator:
             views.append(m)
         return views
 
+    def _score_buffers(self) -> tuple[list[torch.Tensor] | None, torch.Tensor]:
+        """Views of ``self.I`` shaped like each scored parameter, so ``w * grad`` is written
+        straight into the flat buffer (no per-step product tensors and concatenation), and
+        a scratch buffer for ``|I - I_bar|``. Views only when every parameter is fp32:
+        otherwise the product is taken in the parameter's dtype first, as before."""
+        scratch = torch.empty_like(self.I)
+        if any(p.dtype != torch.float32 for p in self.params):
+            return None, scratch
+        views, offset = [], 0
+        for p in self.params:
+            views.append(self.I[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        return views, scratch
+
     def _sync_device(self) -> None:
         """Follow the parameters if the model was moved (or they were replaced) since."""
         stale = self.params[0] is not self._layers[0].triplet_factors()[0]
@@ -163,20 +180,27 @@ class RankAllocator:
                 setattr(self, name, getattr(self, name).to(device))
         if stale:
             self._views = self._mask_views()
+            self._I_views, self._scratch = self._score_buffers()
 
     # ------------------------------------------------------------------ scores
 
     def _update_scores(self) -> None:
         # A parameter unused in forward has no grad: its sensitivity is 0.
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        prods = torch._foreach_mul(self.params, grads)
-        self.I = torch.cat([x.reshape(-1) for x in prods]).float().abs_()  # Eq. 8
+        if self._I_views is not None:  # fp32: w * grad in place in the flat buffer
+            torch._foreach_copy_(self._I_views, self.params)
+            torch._foreach_mul_(self._I_views, grads)
+            self.I.abs_()  # Eq. 8
+        else:
+            prods = torch._foreach_mul(self.params, grads)
+            self.I.copy_(torch.cat([x.reshape(-1) for x in prods]).float().abs_())  # Eq. 8
         # An fp16 step that GradScaler skipped leaves inf/NaN grads: such an entry carries no
         # information this step, and one inf would otherwise stay in its EMA for good.
         self.I.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         self.I_bar.mul_(self.beta1).add_(self.I, alpha=1 - self.beta1)  # Eq. 9
         # Eq. 10 uses the I_bar just updated, as the authors' code does.
-        self.U_bar.mul_(self.beta2).add_((self.I - self.I_bar).abs_(), alpha=1 - self.beta2)
+        diff = torch.sub(self.I, self.I_bar, out=self._scratch).abs_()
+        self.U_bar.mul_(self.beta2).add_(diff, alpha=1 - self.beta2)
 
     def _segment_sum(self, x: torch.Tensor) -> torch.Tensor:
         """Sum entry values per (triplet, part): ``(n_triplets, 3)``."""

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from adalora_cli.config import ConfigError, RunConfig
 from adalora_cli.tasks import data as rawdata
-from adalora_cli.tasks import metrics
+from adalora_cli.tasks import eval_order, metrics
 from adalora_cli.tasks.base import TaskData
 
 GLUE_HUB = "nyu-mll/glue"
@@ -209,12 +209,14 @@ class TextClassificationTask:
     def predict(self, model: nn.Module, data: Dataset, *, batch_size: int,
                 collate: Callable, device: torch.device,
                 autocast: Callable[[], Any]) -> tuple[np.ndarray, np.ndarray]:
-        """Logits ``(n, num_labels)`` and labels ``(n,)`` of a split, in data order."""
+        """Logits ``(n, num_labels)`` and labels ``(n,)`` of a split, in data order
+        (computed in length-sorted batches, see :mod:`.eval_order`)."""
         was_training = model.training
         model.eval()
         all_logits, all_labels = [], []
+        batches = eval_order.sorted_batches(eval_order.input_lengths(data), batch_size)
         try:
-            for batch in DataLoader(data, batch_size=batch_size, collate_fn=collate):
+            for batch in DataLoader(data, batch_sampler=batches, collate_fn=collate):
                 batch = {k: v.to(device) for k, v in batch.items()}
                 with autocast():
                     logits = model(**batch).logits
@@ -222,7 +224,8 @@ class TextClassificationTask:
                 all_labels.append(batch["labels"].cpu())
         finally:
             model.train(was_training)
-        return torch.cat(all_logits).numpy(), torch.cat(all_labels).numpy()
+        return (eval_order.restore_array(torch.cat(all_logits).numpy(), batches),
+                eval_order.restore_array(torch.cat(all_labels).numpy(), batches))
 
     def compute_metrics(self, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
         """The task's metrics from raw logits: argmax for classes, the one output otherwise."""

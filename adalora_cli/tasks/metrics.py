@@ -1,4 +1,4 @@
-"""GLUE metrics computed with scikit-learn and scipy (SPEC section 9).
+"""GLUE metrics computed with numpy, scikit-learn and scipy (SPEC section 9).
 
 The usual ``evaluate.load("glue", ...)`` fetches its metric scripts from the hub, which
 this project cannot reach, so the same definitions are written out here: accuracy, binary
@@ -13,22 +13,32 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy import stats
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+# scikit-learn and scipy are imported by the metrics that need them, not here: together
+# they add about a second to start-up, and accuracy (most tasks' only metric) needs neither.
 
 
 def accuracy(predictions, references) -> float:
-    return float(accuracy_score(references, predictions))
+    """Fraction of exact matches (what ``sklearn.metrics.accuracy_score`` returns)."""
+    x, y = np.asarray(predictions), np.asarray(references)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"accuracy needs two 1-D arrays of one length, got shapes "
+                         f"{x.shape} and {y.shape}")
+    return float(np.mean(x == y)) if len(x) else float("nan")
 
 
 def f1(predictions, references) -> float:
     """Binary F1 of class 1; 0.0 (not a warning) when nothing is predicted positive."""
+    from sklearn.metrics import f1_score
+
     return float(f1_score(references, predictions, pos_label=1, average="binary",
                           zero_division=0))
 
 
 def matthews(predictions, references) -> float:
     """Matthews correlation; 0.0 when either side is constant (sklearn's convention)."""
+    from sklearn.metrics import matthews_corrcoef
+
     return float(matthews_corrcoef(references, predictions))
 
 
@@ -45,10 +55,14 @@ def _correlation(fn: Callable, predictions, references) -> float:
 
 
 def pearson(predictions, references) -> float:
+    from scipy import stats
+
     return _correlation(stats.pearsonr, predictions, references)
 
 
 def spearman(predictions, references) -> float:
+    from scipy import stats
+
     return _correlation(stats.spearmanr, predictions, references)
 
 

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from adalora_cli.config import ConfigError, RunConfig
 from adalora_cli.tasks import data as rawdata
-from adalora_cli.tasks import squad_postprocess, squad_scoring
+from adalora_cli.tasks import eval_order, squad_postprocess, squad_scoring
 from adalora_cli.tasks.base import TaskData
 from adalora_cli.tasks.squad_features import QAExample, QAFeatures, build_features
 
@@ -224,13 +224,15 @@ class SquadTask:
     def predict_logits(self, model: nn.Module, data: QAFeatures, *, batch_size: int,
                        collate: Callable, device: torch.device,
                        autocast: Callable[[], Any]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Start and end logits of every window, in feature order."""
+        """Start and end logits of every window, in feature order (computed in
+        length-sorted batches, see :mod:`.eval_order`)."""
         was_training = model.training
         model.eval()
         starts: list[np.ndarray] = []
         ends: list[np.ndarray] = []
+        batches = eval_order.sorted_batches(eval_order.input_lengths(data), batch_size)
         try:
-            for batch in DataLoader(data, batch_size=batch_size, collate_fn=collate):
+            for batch in DataLoader(data, batch_sampler=batches, collate_fn=collate):
                 batch = {k: v.to(device) for k, v in batch.items()}
                 with autocast():
                     out = model(**batch)
@@ -238,7 +240,8 @@ class SquadTask:
                 ends.extend(out.end_logits.float().cpu().numpy())
         finally:
             model.train(was_training)
-        return starts, ends
+        return (eval_order.restore_order(starts, batches),
+                eval_order.restore_order(ends, batches))
 
     def answers(self, data: QAFeatures, starts: list[np.ndarray],
                 ends: list[np.ndarray]) -> dict[str, str]:

@@ -36,10 +36,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from adalora_cli.config import ConfigError, RunConfig
-from adalora_cli.tasks import bbc_news, warm_start
+from adalora_cli.tasks import bbc_news, eval_order
 from adalora_cli.tasks import data as rawdata
 from adalora_cli.tasks.base import TaskData
-from adalora_cli.tasks.rouge import rouge
+
+# The BART warm start (transformers' BART classes) and ROUGE (rouge-score, nltk) are
+# imported where they are used, so a run that never builds a warm start or scores ROUGE
+# does not load them.
 
 PREDICTIONS = "predictions.jsonl"
 LABEL_PAD = -100
@@ -139,6 +142,8 @@ class SummarizationTask:
         path = self.cfg.model.name_or_path
         config = AutoConfig.from_pretrained(path)  # OSError: reported by the training loop
         if config.model_type == "bert":
+            from adalora_cli.tasks import warm_start
+
             return warm_start.bart_from_bert(path)
         if not getattr(config, "is_encoder_decoder", False):
             raise ConfigError(f"model {path} ({config.model_type}) cannot generate summaries; "
@@ -232,18 +237,20 @@ class SummarizationTask:
     @torch.no_grad()
     def generate(self, model: nn.Module, data: Dataset, *, batch_size: int,
                  device: torch.device, autocast: Callable[[], Any], split: str = "") -> list[str]:
-        """One generated summary per example of an encoded split, in data order."""
+        """One generated summary per example of an encoded split, in data order
+        (generated in length-sorted batches, see :mod:`.eval_order`)."""
         if self.tokenizer is None:
             raise RuntimeError("call load_data before generating")
         was_training = model.training
         model.eval()
         out: list[str] = []
         progress = GenerationProgress(split or "summaries", len(data))
+        batches = eval_order.sorted_batches(eval_order.input_lengths(data), batch_size)
         try:
-            for start in range(0, len(data), batch_size):
-                rows = data[start:start + batch_size]  # columns -> lists
+            for rows in batches:
+                picked = data[rows]  # columns -> lists, in the batch's row order
                 items = [{"input_ids": i, "attention_mask": m}
-                         for i, m in zip(rows["input_ids"], rows["attention_mask"])]
+                         for i, m in zip(picked["input_ids"], picked["attention_mask"])]
                 batch = {k: v.to(device) for k, v in
                          pad_batch(items, self.tokenizer.pad_token_id).items()}
                 with autocast():
@@ -253,7 +260,7 @@ class SummarizationTask:
                 progress.update(len(out))
         finally:
             model.train(was_training)
-        return out
+        return eval_order.restore_order(out, batches)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, data: Dataset, *, batch_size: int,
@@ -265,6 +272,8 @@ class SummarizationTask:
         self.predictions[split] = [
             {"id": i, "prediction": p, "reference": r}
             for i, p, r in zip(data["id"], predictions, references)]
+        from adalora_cli.tasks.rouge import rouge
+
         return rouge(predictions, references)
 
     def save_predictions(self, run_dir: Path) -> list[Path]:
