@@ -169,16 +169,11 @@ class RunDir:
     @classmethod
     def reopen(cls, path: str | Path) -> RunDir:
         """Claim an unfinished run (preempted, failed, or running with a dead owner)."""
-        from .lifecycle import identity, owner_alive
+        from .lifecycle import identity
 
         path = Path(path)
-        with locked(path):
-            if is_finished(path):
-                raise ConfigError(f"run {path} is finished; nothing to resume (start a new "
-                                  "run with adalora train CONFIG)")
-            alive, why = owner_alive(path)
-            if alive:
-                raise RunBusy(f"run {path} is being run by {why}")
+        with locked(path):  # checked again: another process may have claimed it meanwhile
+            cls.check_claimable(path)
             run = cls(path)
             previous = run.read_status(path) or {}
             attempt = int(previous.get("attempt", 1)) + 1
