@@ -171,7 +171,8 @@ PARENT_ENV = "ADALORA_PARENT_PID"
 def die_with_parent() -> None:
     """Ask Linux to send us SIGTERM when the sweep that started us dies (even by SIGKILL),
     so a killed sweep leaves no orphans: each run checkpoints and stops as preempted."""
-    expected = os.environ.get(PARENT_ENV)
+    # popped: our own children (torchrun ranks under --nproc) have another parent
+    expected = os.environ.pop(PARENT_ENV, None)
     if not expected or not sys.platform.startswith("linux"):
         return
     import ctypes
