@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,test,tracking]"   # peft and the trackers: their tests use the real libraries
+	$(PY) -m pip install -q -e ".[dev,test,tracking,slurm]"   # peft, trackers, submitit: their tests use the real libraries
 	$(PY) -m pip install -q --no-deps $(OFFLINE)
 	touch $@
 
