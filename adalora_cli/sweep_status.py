@@ -113,9 +113,18 @@ def scheduler_states(sweep_dir: Path, records: dict[str, dict]) -> dict[str, str
 
 def _local_state(record: dict) -> str:
     """submitit's local executor: the job lives as long as its controller process."""
-    owner = {"pid": int(record["job_id"]), "host": record.get("host"),
-             "pid_start": record.get("pid_start"), "boot_id": record.get("boot_id")}
-    return "RUNNING" if process_alive(owner)[0] else ""
+    pid = int(record["job_id"])
+    owner = {"pid": pid, "host": record.get("host"), "pid_start": record.get("pid_start"),
+             "boot_id": record.get("boot_id")}
+    return "RUNNING" if process_alive(owner)[0] and not _zombie(pid) else ""
+
+
+def _zombie(pid: int) -> bool:
+    """An ended controller not yet reaped by the process that submitted it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def sweep_states(runs: list[PlannedRun], sweep_dir: Path, scheduler: bool = True
@@ -133,12 +142,14 @@ def _combine(name: str, directory: tuple[str, str], event: dict | None, sched: s
     state, detail = directory
     if state in ("finished", "running"):
         return RunStatus(name, state, detail, job)
+    if state == "not started" and event and event.get("event") == "failed":
+        # the job's own last word, after its latest submission: its scheduler job may
+        # still be winding down
+        return RunStatus(name, "failed", str(event.get("error") or ""), job)
     if sched in QUEUED:
         return RunStatus(name, "queued", f"job {sched.lower()}", job)
     if sched in ACTIVE:
         return RunStatus(name, "running", "job started", job)
-    if state == "not started" and event and event.get("event") == "failed":
-        return RunStatus(name, "failed", str(event.get("error") or ""), job)
     if state == "not started" and sched in ENDED_BADLY:  # the scheduler ended it, no run
         return RunStatus(name, "failed", f"job {sched.lower()} before the run started", job)
     return RunStatus(name, state, detail, job)
