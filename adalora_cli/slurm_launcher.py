@@ -13,6 +13,7 @@ end. Re-running it submits only what is still missing.
 
 from __future__ import annotations
 
+import shutil
 import socket
 import time
 from datetime import datetime, timezone
@@ -46,12 +47,7 @@ def make_executor(folder: Path, opts: SlurmOptions, job_name: str, cluster: str 
         executor.update_parameters(timeout_min=opts.time_min, gpus_per_node=opts.gpus_per_job,
                                    tasks_per_node=1, signal_delay_s=opts.signal_delay)
         return executor
-    try:
-        executor = submitit.SlurmExecutor(folder, max_num_timeout=opts.requeues)
-    except RuntimeError:  # submitit looks for srun
-        raise ConfigError("--launcher slurm: no SLURM here (srun not found); submit from the "
-                          "cluster's login node, or drop --launcher slurm to run locally"
-                          ) from None
+    executor = submitit.SlurmExecutor(folder, max_num_timeout=opts.requeues)
     executor.update_parameters(**executor_parameters(opts, job_name))
     return executor
 
@@ -69,6 +65,7 @@ class SlurmLauncher:
         """Submit what is missing; one outcome per run: 'submitted' (now), or its state
         (queued, running, finished, failed...) when it needed no job; with ``wait``, each
         submitted run's final state."""
+        self._check_cluster()  # before anything is written
         sweep_dir = sweep_dir.resolve()
         (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
         write_manifest(spec, runs, sweep_dir)
@@ -89,6 +86,13 @@ class SlurmLauncher:
                 status = before[run.name]
             outcomes.append(Outcome(run, status.state, error=status.detail))
         return outcomes
+
+    def _check_cluster(self) -> None:
+        _submitit()
+        if self.cluster == "slurm" and shutil.which("srun") is None:
+            raise ConfigError("--launcher slurm: no SLURM here (srun not found); submit from "
+                              "the cluster's login node, or drop --launcher slurm to run "
+                              "locally")
 
     def _submit(self, spec: SweepSpec, todo: list[PlannedRun], sweep_dir: Path) -> dict:
         executor = make_executor(sweep_dir / SUBMITIT_DIR, self.options,

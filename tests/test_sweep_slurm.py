@@ -117,8 +117,10 @@ def test_a_multi_gpu_job_is_one_torchrun(tmp_path):
     (["--slurm", "time=60"], "add --launcher slurm"),
     (["--launcher", "pbs"], "unknown --launcher 'pbs'"),
     (["--wait"], "--wait is for --launcher slurm"),
+    (["--launcher", "slurm", "--slurm", "time=60"], "no SLURM here (srun not found)"),
 ])
-def test_bad_launcher_input_one_line(args, fragment, in_repo, tmp_path):
+def test_bad_launcher_input_one_line(args, fragment, in_repo, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))  # no srun on this PATH
     result = runner.invoke(app, ["sweep", SMOKE, *args, "--sweep-dir", str(tmp_path / "s")])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
