@@ -73,6 +73,7 @@ class TrainJob:
 
     def __init__(self, run: PlannedRun, sweep_dir: Path, nproc: int = 1):
         self.run, self.sweep_dir, self.nproc = run, Path(sweep_dir).resolve(), nproc
+        self.cwd = Path.cwd()  # configs and model paths may be relative to where we submit
         self._proc: subprocess.Popen | None = None
 
     def __getstate__(self) -> dict:
@@ -106,13 +107,24 @@ class TrainJob:
         cmd = train_command(self.run, self.run_dir, resume, self.nproc)
         logfile = self.sweep_dir / "logs" / f"{self.run.name}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, PARENT_ENV: str(os.getpid())}  # it stops if this job dies
         usr = _usr_signal()
         with open(logfile, "a") as out:  # every attempt's output, one after the other
             out.write("$ " + " ".join(cmd) + "\n")
             out.flush()
-            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                                    cwd=self.cwd,
                                     preexec_fn=lambda: signal.signal(usr, signal.SIG_IGN))
+
+    def env(self) -> dict[str, str]:
+        """The training process's environment: it stops (with a checkpoint) if this job
+        dies. Not under torchrun: there the ranks' parent is torchrun, not this process,
+        and the job step's end stops them all anyway."""
+        env = dict(os.environ)
+        if self.nproc == 1:
+            env[PARENT_ENV] = str(os.getpid())
+        else:
+            env.pop(PARENT_ENV, None)
+        return env
 
     def _wait(self) -> int:
         # Poll, not Popen.wait(): submitit's signal handler runs on this thread and reaps

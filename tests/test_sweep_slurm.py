@@ -261,3 +261,15 @@ def test_job_function_pickles_without_its_process(tmp_path):
     job._proc = object()
     copy = pickle.loads(pickle.dumps(job))
     assert copy._proc is None and copy.run_dir == (tmp_path / "r").resolve()
+    assert copy.cwd == Path.cwd()  # relative config and model paths resolve as submitted
+
+
+def test_only_a_single_process_run_watches_its_job(tmp_path):
+    """ADALORA_PARENT_PID makes `adalora train` stop when that pid is not its parent; under
+    torchrun the ranks' parent is torchrun, so the job must not set it there."""
+    from adalora_cli.lifecycle import PARENT_ENV
+    from adalora_cli.slurm_job import TrainJob
+
+    run = PlannedRun("r", Path(SMOKE), "lora", None, 0, (), "")
+    assert TrainJob(run, tmp_path, nproc=1).env()[PARENT_ENV] == str(os.getpid())
+    assert PARENT_ENV not in TrainJob(run, tmp_path, nproc=2).env()
