@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def scheduler_states(sweep_dir: Path, records: dict[str, dict]) -> dict[str, str
     """{run: the scheduler's state of its latest job} ('' where it cannot say)."""
     slurm = {run: r for run, r in records.items() if r.get("cluster") == "slurm"}
     states = {run: _local_state(r) for run, r in records.items() if r.get("cluster") == "local"}
-    if slurm:
+    if slurm and shutil.which("sacct") is not None:  # else: the run directories alone
         import submitit
 
         folder = sweep_dir / "slurm"

@@ -23,7 +23,7 @@ from adalora_cli.slurm_job import train_command
 from adalora_cli.slurm_launcher import SlurmLauncher, make_executor
 from adalora_cli.slurm_options import parse_slurm, parse_time
 from adalora_cli.sweep import PlannedRun, build_spec, plan
-from adalora_cli.sweep_status import sweep_states
+from adalora_cli.sweep_status import RunStatus, _combine, sweep_states
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = "configs/smoke/glue.yaml"
@@ -126,6 +126,22 @@ def test_bad_launcher_input_one_line(args, fragment, in_repo, tmp_path, monkeypa
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0]
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("directory, event, sched, expected", [
+    (("not started", ""), None, "PENDING", ("queued", "job pending")),
+    (("preempted", "checkpoint at step 40"), None, "REQUEUED", ("queued", "job requeued")),
+    (("not started", ""), None, "RUNNING", ("running", "job started")),
+    (("running", "step 7"), None, "RUNNING", ("running", "step 7")),
+    (("finished", ""), None, "PENDING", ("finished", "")),  # the run directory wins
+    (("not started", ""), None, "CANCELLED", ("failed", "job cancelled before the run started")),
+    (("not started", ""), None, "COMPLETED", ("not started", "")),  # e.g. it found it busy
+    (("not started", ""), {"event": "failed", "error": "exit 2: error: x"}, "RUNNING",
+     ("failed", "exit 2: error: x")),
+    (("preempted", "checkpoint at step 40"), None, "", ("preempted", "checkpoint at step 40")),
+])
+def test_run_state_from_directory_log_and_scheduler(directory, event, sched, expected):
+    assert _combine("r", directory, event, sched, "77_1") == RunStatus("r", *expected, "77_1")
 
 
 # --------------------------------------------------------------------------- local executor
