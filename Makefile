@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,test,tracking,bench]"  # tests use the real libraries
+	$(PY) -m pip install -q -e ".[dev,test,tracking,bench,slurm]"  # tests use the real libraries
 	$(PY) -m pip install -q --no-deps $(OFFLINE)
 	touch $@
 

@@ -253,18 +253,32 @@ def sweep(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="List the runs with their parameter counts; train nothing."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+    # launchers and --status (issue 9)
+    launcher_name: str = typer.Option(
+        "local", "--launcher", help="local (processes on this machine) or slurm (one "
+                                    "submitit job array, one run per task)"),
+    slurm: list[str] | None = typer.Option(
+        None, "--slurm", help="SLURM job options, e.g. partition=gpu,time=24:00:00,"
+                              "gpus_per_job=1; also cpus, mem, account, qos, constraint, "
+                              "parallel, signal_delay, requeues, sbatch.<flag>=<value>"),
+    status: bool = typer.Option(
+        False, "--status", help="Print every run's state (run directories and the "
+                                "scheduler); submit and train nothing."),
+    wait: bool = typer.Option(
+        False, "--wait", help="With --launcher slurm: block until the submitted jobs end."),
 ) -> None:
     """Run a grid of configs x methods x budgets x seeds, one `adalora train` per run.
 
     Re-running the same sweep skips finished runs and resumes unfinished ones from their
-    checkpoints; two sweeps on one sweep directory share the runs."""
+    checkpoints; two sweeps on one sweep directory share the runs. On SLURM it submits
+    only what is not finished, running or queued."""
     from . import sweep as sweeps
-    from .sweep_runner import SweepStopped, describe, execute
+    from .sweep_launch import make_launcher
+    from .sweep_runner import SweepStopped, describe
 
     _quiet_libraries()
     try:
-        if jobs < 1:
-            raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+        launcher = make_launcher(launcher_name, slurm, jobs, wait)  # issue 9
         spec = sweeps.build_spec(source, budget, methods, seeds, overrides or [])
         runs = sweeps.plan(spec)
         where = sweep_dir or Path("runs") / spec.name
@@ -274,7 +288,13 @@ def sweep(
         if dry_run:
             _print_sweep_plan(describe(runs, where), where)
             return
-        outcomes = execute(spec, runs, where, jobs=jobs, quiet=quiet)
+        if status:  # issue 9
+            from .sweep_show import print_status
+            from .sweep_status import sweep_states
+
+            print_status(sweep_states(runs, where), where, out())
+            return
+        outcomes = launcher.launch(spec, runs, where, quiet=quiet)
     except ConfigError as e:
         if _debug():
             raise
@@ -287,6 +307,13 @@ def sweep(
         why = "stopped by SIGTERM" if isinstance(e, SweepStopped) else "interrupted"
         _fail(f"{why}; running runs were checkpointed and are resumed when the sweep is "
               "started again", 130 if isinstance(e, KeyboardInterrupt) else 143)
+    if launcher.name == "slurm":  # issue 9
+        from .sweep_show import print_submitted
+
+        print_submitted(outcomes, where, out())
+        if any(o.status == "failed" for o in outcomes):
+            raise typer.Exit(1)
+        return
     counts = {s: sum(o.status == s for o in outcomes)
               for s in ("finished", "skipped", "busy", "preempted", "failed")}
     out().print(f"{len(outcomes)} runs: {counts['finished']} finished now, {counts['skipped']} "

@@ -200,6 +200,17 @@ def _settled(run: PlannedRun, sweep_dir: Path, console: Console) -> Outcome | No
     return None
 
 
+def clear_empty(path: Path) -> None:
+    """Empty a claimed directory that holds no run (e.g. a start cut short); shared with
+    the SLURM launcher's jobs (issue 9)."""
+    for child in path.iterdir():
+        if child.name not in (LAUNCH, ".lock"):
+            if child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+
+
 def _launch(run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
             log: SweepLog) -> _Job | None:
     """Start the run's process, unless another sweep got to it first (then None)."""
@@ -208,12 +219,7 @@ def _launch(run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
     if state is None:
         return None
     if state == "empty":  # a directory with no run in it (e.g. a start cut short)
-        for child in path.iterdir():
-            if child.name not in (LAUNCH, ".lock"):
-                if child.is_dir():
-                    shutil.rmtree(child)
-                else:
-                    child.unlink()
+        clear_empty(path)
     resume = state == "unfinished"
     if resume:
         old = (RunDir.read_status(path) or {}).get("status", "no status")

@@ -29,7 +29,10 @@ from step_time import make_stepper, real_batch  # noqa: E402
 
 def _rank(rank: int, world: int, init: str, batch: dict, steps: int, q) -> None:
     import torch.distributed as dist
+    import transformers
 
+    transformers.utils.logging.set_verbosity_error()  # a fresh process: quiet it again
+    transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     if world > 1:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)

@@ -68,3 +68,4 @@ def test_group_by_length_run_is_resumable_exactly(smoke, tmp_path):
     assert forked(smoke(killed, *args), "kill@step=13") == -9
     assert forked(["train", "--resume", str(killed), "--quiet"]) == 0
     assert same_outputs(straight, killed) == []
+

@@ -1,0 +1,171 @@
+"""What one SLURM array task runs: one sweep run's ``adalora train``, requeued on preemption.
+
+submitit pickles a :class:`TrainJob` per run and calls it on the compute node. The call
+decides from the run directory what to do (start, resume from the latest checkpoint, or
+nothing when the run finished or lives elsewhere), exactly as the local launcher does, and
+runs ``adalora train`` as a child process writing to ``logs/<run>.log``. Deciding from the
+directory, not from how the job was started, is what makes every way back safe: submitit's
+requeue, SLURM's own requeue of a preempted job, or a user re-running ``adalora sweep``.
+
+Preemption and time limits: SLURM signals the job (``--signal=USR2@<signal_delay>``);
+submitit calls :meth:`TrainJob.checkpoint`, which sends SIGTERM to the training process
+(it checkpoints at the next step boundary and exits 75) and hands submitit the same job
+back, so it is requeued and the new attempt resumes. The training process ignores USR2
+itself: SLURM sends it to every process of the job, and its default action is to die.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .lifecycle import PARENT_ENV
+from .rundir import is_finished
+from .sweep import PlannedRun
+from .sweep_runner import (
+    EXIT_BUSY,
+    EXIT_PREEMPTED,
+    SweepLog,
+    _last_error,
+    claim_launch,
+    clear_empty,
+    release_launch,
+)
+
+
+class RunFailed(RuntimeError):
+    """The training process failed; the message is its last error line."""
+
+
+def train_command(run: PlannedRun, run_dir: Path, resume: bool, nproc: int = 1) -> list[str]:
+    """``adalora train`` for this run; with ``nproc`` > 1 under torchrun, one rank a GPU."""
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc_per_node={nproc}", "-m", "adalora_cli.cli", "train"]
+    else:
+        launcher = [sys.executable, "-m", "adalora_cli.cli", "train"]
+    if resume:
+        return [*launcher, "--resume", str(run_dir), "--quiet"]
+    return [*launcher, str(run.config), *run.overrides, "--run-dir", str(run_dir), "--quiet"]
+
+
+def _job_id() -> str:
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().job_id)
+    except Exception:  # called outside a submitit job (a test, a debug call)
+        return ""
+
+
+def _usr_signal() -> signal.Signals:
+    """The signal submitit's jobs are warned with (USR2 unless SUBMITIT_PREEMPT_SIGNAL)."""
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+
+
+class TrainJob:
+    """A picklable, checkpointable callable: submitit's unit of work for one run."""
+
+    def __init__(self, run: PlannedRun, sweep_dir: Path, nproc: int = 1):
+        self.run, self.sweep_dir, self.nproc = run, Path(sweep_dir).resolve(), nproc
+        self.cwd = Path.cwd()  # configs and model paths may be relative to where we submit
+        self._proc: subprocess.Popen | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_proc": None}  # a process does not travel
+
+    @property
+    def run_dir(self) -> Path:
+        return self.sweep_dir / self.run.name
+
+    def __call__(self) -> dict:
+        log = SweepLog(self.sweep_dir)
+        state = claim_launch(self.run_dir)
+        if state is None:  # finished meanwhile, or another process runs it
+            status = "skipped" if is_finished(self.run_dir) else "busy"
+            log.event(self.run.name, status, job=_job_id())
+            return {"status": status}
+        start = time.perf_counter()
+        try:
+            if state == "empty":
+                clear_empty(self.run_dir)
+            resume = state == "unfinished"
+            log.event(self.run.name, "resumed" if resume else "started", job=_job_id(),
+                      host=socket.gethostname())
+            self._proc = self._start(resume)
+            code = self._wait()
+        finally:
+            release_launch(self.run_dir)
+        return self._outcome(code, round(time.perf_counter() - start, 1), log)
+
+    def _start(self, resume: bool) -> subprocess.Popen:
+        cmd = train_command(self.run, self.run_dir, resume, self.nproc)
+        logfile = self.sweep_dir / "logs" / f"{self.run.name}.log"
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        usr = _usr_signal()
+        with open(logfile, "a") as out:  # every attempt's output, one after the other
+            out.write("$ " + " ".join(cmd) + "\n")
+            out.flush()
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                                    cwd=self.cwd,
+                                    preexec_fn=lambda: signal.signal(usr, signal.SIG_IGN))
+
+    def env(self) -> dict[str, str]:
+        """The training process's environment: it stops (with a checkpoint) if this job
+        dies. Not under torchrun: there the ranks' parent is torchrun, not this process,
+        and the job step's end stops them all anyway."""
+        env = dict(os.environ)
+        if self.nproc == 1:
+            env[PARENT_ENV] = str(os.getpid())
+        else:
+            env.pop(PARENT_ENV, None)
+        return env
+
+    def _wait(self) -> int:
+        # Poll, not Popen.wait(): submitit's signal handler runs on this thread and reaps
+        # the child itself (see checkpoint); a blocking wait would hold Popen's lock.
+        assert self._proc is not None
+        while self._proc.poll() is None:
+            time.sleep(0.5)
+        return self._proc.returncode
+
+    def _outcome(self, code: int, seconds: float, log: SweepLog) -> dict:
+        if code == 0 and is_finished(self.run_dir):
+            log.event(self.run.name, "finished", seconds=seconds, job=_job_id())
+            return {"status": "finished", "seconds": seconds}
+        if code == EXIT_BUSY:
+            log.event(self.run.name, "busy", job=_job_id())
+            return {"status": "busy"}
+        if code == EXIT_PREEMPTED:  # the scheduler signalled the training process itself
+            log.event(self.run.name, "preempted", seconds=seconds, job=_job_id())
+            return {"status": "preempted", "seconds": seconds}
+        error = f"exit {code}: {_last_error(self.sweep_dir / 'logs' / f'{self.run.name}.log')}"
+        log.event(self.run.name, "failed", seconds=seconds, error=error, job=_job_id())
+        raise RunFailed(f"{self.run.name}: {error}")
+
+    def checkpoint(self):
+        """submitit's preemption / time-limit hook: stop the training process with a
+        checkpoint, then give submitit this job again to requeue (it resumes)."""
+        from submitit.helpers import DelayedSubmission
+
+        code = self._stop_child()
+        SweepLog(self.sweep_dir).event(self.run.name, "requeued", exit=code, job=_job_id())
+        release_launch(self.run_dir)
+        return DelayedSubmission(TrainJob(self.run, self.sweep_dir, self.nproc))
+
+    def _stop_child(self) -> int | None:
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGTERM)  # the run checkpoints at its next step boundary
+        try:
+            _, status = os.waitpid(proc.pid, 0)
+        except ChildProcessError:  # reaped by a poll() this handler interrupted
+            return proc.returncode
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        return proc.returncode

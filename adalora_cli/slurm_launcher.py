@@ -1,0 +1,121 @@
+"""The SLURM launcher: a sweep's missing runs as one submitit job array, one run a task.
+
+``adalora sweep ... --launcher slurm --slurm partition=gpu,time=24:00:00`` looks at every
+run (:mod:`adalora_cli.sweep_status`), submits those not finished, running or queued as
+one array (``sweep_dir/slurm/`` holds submitit's pickles and the jobs' stdout/stderr,
+``sweep_dir/logs/<run>.log`` each run's training output, as with the local launcher),
+records the job ids in ``slurm_jobs.json`` and returns; ``--wait`` blocks until the jobs
+end. Re-running it submits only what is still missing.
+
+``cluster="local"`` runs the very same code path through submitit's local executor
+(processes on this machine instead of sbatch): the tests use it, and so can a workstation.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .config import ConfigError
+from .lifecycle import identity
+from .slurm_job import TrainJob
+from .slurm_options import SlurmOptions, executor_parameters
+from .sweep import PlannedRun, SweepSpec
+from .sweep_runner import Outcome, SweepLog, write_manifest
+from .sweep_status import RESUBMIT, RunStatus, read_records, sweep_states, write_records
+
+SUBMITIT_DIR = "slurm"
+
+
+def _submitit():
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError("--launcher slurm needs submitit: pip install 'adalora[slurm]'"
+                          ) from None
+    return submitit
+
+
+def make_executor(folder: Path, opts: SlurmOptions, job_name: str, cluster: str = "slurm"):
+    """submitit's executor for these options: SLURM (sbatch), or its local executor."""
+    submitit = _submitit()
+    if cluster == "local":
+        executor = submitit.LocalExecutor(folder, max_num_timeout=opts.requeues)
+        executor.update_parameters(timeout_min=opts.time_min, gpus_per_node=opts.gpus_per_job,
+                                   tasks_per_node=1, signal_delay_s=opts.signal_delay)
+        return executor
+    executor = submitit.SlurmExecutor(folder, max_num_timeout=opts.requeues)
+    executor.update_parameters(**executor_parameters(opts, job_name))
+    return executor
+
+
+class SlurmLauncher:
+    name = "slurm"
+
+    def __init__(self, options: SlurmOptions, cluster: str = "slurm", wait: bool = False,
+                 poll_seconds: float = 5.0):
+        self.options, self.cluster, self.wait = options, cluster, wait
+        self.poll_seconds = poll_seconds
+
+    def launch(self, spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path,
+               quiet: bool = True) -> list[Outcome]:
+        """Submit what is missing; one outcome per run: 'submitted' (now), or its state
+        (queued, running, finished, failed...) when it needed no job; with ``wait``, each
+        submitted run's final state."""
+        self._check_cluster()  # before anything is written
+        sweep_dir = sweep_dir.resolve()
+        (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
+        write_manifest(spec, runs, sweep_dir)
+        before = {s.run: s for s in sweep_states(runs, sweep_dir)}
+        todo = [r for r in runs if before[r.name].state in RESUBMIT]
+        jobs = self._submit(spec, todo, sweep_dir) if todo else {}
+        if self.wait and jobs:
+            self._wait(jobs)
+        after = {s.run: s for s in sweep_states(runs, sweep_dir)} if self.wait else {}
+        outcomes = []
+        for run in runs:
+            if run.name in after:
+                status = after[run.name]
+            elif run.name in jobs:
+                job_id = str(jobs[run.name].job_id)
+                status = RunStatus(run.name, "submitted", f"job {job_id}", job_id)
+            else:
+                status = before[run.name]
+            outcomes.append(Outcome(run, status.state, error=status.detail))
+        return outcomes
+
+    def _check_cluster(self) -> None:
+        _submitit()
+        if self.cluster == "slurm" and shutil.which("srun") is None:
+            raise ConfigError("--launcher slurm: no SLURM here (srun not found); submit from "
+                              "the cluster's login node, or drop --launcher slurm to run "
+                              "locally")
+
+    def _submit(self, spec: SweepSpec, todo: list[PlannedRun], sweep_dir: Path) -> dict:
+        executor = make_executor(sweep_dir / SUBMITIT_DIR, self.options,
+                                 f"adalora-{spec.name}", self.cluster)
+        nproc = max(1, self.options.gpus_per_job)
+        with executor.batch():  # one job array on SLURM
+            pending = [executor.submit(TrainJob(run, sweep_dir, nproc)) for run in todo]
+        jobs = {run.name: job for run, job in zip(todo, pending)}
+        self._record(jobs, sweep_dir)
+        return jobs
+
+    def _record(self, jobs: dict, sweep_dir: Path) -> None:
+        records, log = read_records(sweep_dir), SweepLog(sweep_dir)
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        for name, job in jobs.items():
+            row = {"job_id": str(job.job_id), "cluster": self.cluster, "submitted": now}
+            if self.cluster == "local":  # the job id is its controller's pid on this host
+                row.update({k: v for k, v in identity(int(job.job_id)).items() if k != "pid"})
+                row["host"] = socket.gethostname()
+            records[name] = row
+            log.event(name, "submitted", job=str(job.job_id), cluster=self.cluster)
+        write_records(sweep_dir, records)
+
+    def _wait(self, jobs: dict) -> None:
+        while not all(job.done() for job in jobs.values()):
+            time.sleep(self.poll_seconds)

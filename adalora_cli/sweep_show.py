@@ -1,0 +1,44 @@
+"""What ``adalora sweep --status`` and a SLURM submission print: a table and a count line."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .sweep_runner import Outcome
+from .sweep_status import RunStatus
+
+ORDER = ("submitted", "queued", "running", "finished", "preempted", "unfinished", "failed",
+         "not started", "busy", "skipped")
+COLOURS = {"finished": "green", "failed": "red", "queued": "cyan", "submitted": "cyan",
+           "running": "yellow", "preempted": "yellow"}
+
+
+def count_line(states: list[str]) -> str:
+    counts = Counter(states)
+    parts = [f"{counts[s]} {s}" for s in ORDER if counts[s]]
+    return f"{len(states)} runs: " + (", ".join(parts) if parts else "none")
+
+
+def print_status(rows: list[RunStatus], where: Path, console: Console) -> None:
+    """Every run's state; nothing is submitted or started."""
+    table = Table(title=f"sweep status ({where})")
+    for name in ("run", "state", "job", "detail"):
+        table.add_column(name, overflow="fold")
+    for r in rows:
+        colour = COLOURS.get(r.state)
+        state = f"[{colour}]{r.state}[/]" if colour else r.state
+        table.add_row(r.run, state, r.job, r.detail)
+    console.print(table)
+    console.print(count_line([r.state for r in rows]), highlight=False, soft_wrap=True)
+
+
+def print_submitted(outcomes: list[Outcome], where: Path, console: Console) -> None:
+    """After a SLURM launch: what was submitted now, and where everything else stands."""
+    rows = [RunStatus(o.run.name, o.status, o.error) for o in outcomes]
+    print_status(rows, where, console)
+    console.print(f"runs' output: {where}/logs/<run>.log; jobs' output: {where}/slurm/; "
+                  f"follow with: adalora sweep ... --status", highlight=False, soft_wrap=True)
