@@ -82,7 +82,10 @@ def owner_alive(path: Path) -> tuple[bool, str]:
         return False, "no readable status.json"
     if status.get("status") != "running":
         return False, f"status {status.get('status')!r}"
-    return process_alive(status, heartbeat=read_heartbeat(path) or _written(path / STATUS))
+    # the newer of the heartbeat and the claim: a resumed run's old heartbeat is stale
+    beat = max(float((read_heartbeat(path) or {}).get("time", 0.0)),
+               _written(Path(path) / STATUS)["time"])
+    return process_alive(status, heartbeat={"time": beat})
 
 
 def _written(path: Path) -> dict[str, float]:

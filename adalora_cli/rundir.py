@@ -146,8 +146,9 @@ class RunDir:
                     "choose another --run-dir (runs are never overwritten), or continue it "
                     f"with adalora train --resume {path}")
             run = cls(path)
-            write_text_atomic(path / CONFIG, dump_config(cfg))
+            # status first: a directory with a status and no config reads as holding no run
             run._write_status({"status": "running", "started": _now(), **identity()})
+            write_text_atomic(path / CONFIG, dump_config(cfg))
         return run
 
     @staticmethod

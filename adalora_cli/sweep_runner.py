@@ -80,7 +80,23 @@ def claim_launch(path: Path) -> str | None:
 
 
 def release_launch(path: Path) -> None:
-    (path / LAUNCH).unlink(missing_ok=True)
+    """Remove this sweep's ``launch.json`` (never another sweep's)."""
+    try:
+        record = json.loads((path / LAUNCH).read_text())
+    except (OSError, ValueError):
+        return
+    if record.get("pid") == os.getpid():
+        (path / LAUNCH).unlink(missing_ok=True)
+
+
+def refresh_launches(paths: list[Path]) -> None:
+    """Touch the ``launch.json`` of runs this sweep is running: its modification time is the
+    sweep's heartbeat for other hosts while the run's own process starts up."""
+    for path in paths:
+        try:
+            os.utime(path / LAUNCH)
+        except OSError:
+            pass
 
 
 def visible_gpus() -> list[str]:
@@ -279,6 +295,7 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
                                    highlight=False)
             progress.advance(overall)
 
+        refreshed = time.monotonic()
         try:
             while todo or running:
                 for slot, gpu in enumerate(slots):
@@ -300,6 +317,9 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
                     del running[slot]
                     release_launch(job.run_dir)
                     done(job.outcome())
+                if time.monotonic() - refreshed > 30:
+                    refresh_launches([j.run_dir for j in running.values()])
+                    refreshed = time.monotonic()
                 names = ", ".join(j.run.name for j in running.values())
                 progress.update(overall, note=f"running {names}" if names else "")
                 time.sleep(0.2)

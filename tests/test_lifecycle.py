@@ -44,6 +44,8 @@ def test_another_host_is_judged_by_its_heartbeat(tmp_path, monkeypatch):
     monkeypatch.setenv("ADALORA_HEARTBEAT_SECONDS", "2")  # stale after 20 s
     run = tmp_path / "r"
     write_status(run, host="node-17", pid=4242, pid_start=1, boot_id="x")
+    claimed = time.time() - 600
+    os.utime(run / "status.json", (claimed, claimed))  # claimed long ago
     (run / "heartbeat.json").write_text(json.dumps({"time": time.time() - 5, "step": 9}))
     alive, why = lifecycle.owner_alive(run)
     assert alive and why.startswith("process 4242 on node-17 (heartbeat 5 s ago")
@@ -129,3 +131,14 @@ def test_metrics_stay_strict_json(tmp_path):
 
     assert json.loads(line, parse_constant=refuse) == {
         "step": 1, "split": "validation", "pearson": None, "x": None}
+
+
+def test_a_resumed_runs_old_heartbeat_does_not_make_it_look_dead(tmp_path, monkeypatch):
+    """Seen from another host, the claim (status.json) is fresher than the last attempt's
+    heartbeat: the new owner is alive from the moment it claims the run."""
+    monkeypatch.setenv("ADALORA_HEARTBEAT_SECONDS", "2")
+    run = tmp_path / "r"
+    write_status(run, host="node-17", pid=4242, pid_start=1, boot_id="x")
+    (run / "heartbeat.json").write_text(json.dumps({"time": time.time() - 3600, "step": 9}))
+    alive, why = lifecycle.owner_alive(run)
+    assert alive and why.startswith("process 4242 on node-17 (heartbeat 0 s ago")

@@ -88,3 +88,17 @@ def test_a_stopped_sweep_leaves_no_orphans(tmp_path, how):
                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
                           timeout=300)
     assert "resume (unfinished)" in plan.stdout, plan.stdout + plan.stderr
+
+
+def test_a_sweep_releases_only_its_own_launch_claim(tmp_path):
+    from adalora_cli.sweep_runner import claim_launch, release_launch, run_state
+
+    run = tmp_path / "r"
+    assert claim_launch(run) == "empty"  # a new directory: ours to start
+    assert run_state(run) == "running" and claim_launch(run) is None  # we are starting it
+    release_launch(run)
+    assert not (run / "launch.json").exists()
+    other = {"host": "node-3", "pid": 77, "pid_start": 1, "boot_id": "x"}
+    (run / "launch.json").write_text(json.dumps(other))
+    release_launch(run)  # another sweep's claim stays
+    assert json.loads((run / "launch.json").read_text()) == other

@@ -10,7 +10,7 @@ a checkpoint. Unset (always, outside the tests), every call here is a dictionary
   published (a crash while writing);
 - ``enospc@checkpoint=N``: writing checkpoint N fails as on a full disk;
 - ``term@midstep=N`` / ``usr1@midstep=N``: the process sends itself SIGTERM / SIGUSR1 in the middle
-  of optimizer step N, as a scheduler would.
+  of optimizer step N, as a scheduler would (``term@eval=N``: during the evaluation at N).
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ def launch(nproc: int, args: list[str]) -> int:
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "adalora_cli", *args)
     except ChildFailedError as err:
+        codes = [f.exitcode for f in err.failures.values()]
+        if 75 in codes:  # rank 0 checkpointed and said preempted; the rest were stopped
+            return 75
         _, failure = err.get_first_failure()
         code = failure.exitcode
         return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell

@@ -147,7 +147,15 @@ def _own(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
          latest: Path | None, *, resumed: bool, w: World) -> Path:
     """Run the loop in a claimed directory and leave it finished, preempted or failed.
 
-    Trackers mirror the run directory; a resumed run reattaches to its tracker runs."""
+    Trackers mirror the run directory; a resumed run reattaches to its tracker runs. Stop
+    signals are only noted from here on (see signals.py), so the directory is always left
+    in a state that says what happened."""
+    with stop.deferred():
+        return _own_deferred(built, run, stop, quiet, latest, resumed=resumed, w=w)
+
+
+def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
+                  latest: Path | None, *, resumed: bool, w: World) -> Path:
     trackers = None
     try:
         trackers = (Trackers.open(built.cfg, run.path, resumed=resumed, warn=warn) if w.main
@@ -191,6 +199,8 @@ class Position:
     """Training time up to the checkpoint being written."""
     saved_step: int = -1
     checkpoint_bytes: int = 0
+    eval_pending: bool = False
+    """The evaluation due at ``step`` was cut short by a stop signal: run it first."""
     results: dict[str, Any] = field(default_factory=dict)
 
 
@@ -224,17 +234,41 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
 
     start = time.perf_counter()
 
-    def save() -> None:
-        with stop.deferred():
-            pos.seconds_now = pos.seconds + time.perf_counter() - start
-            if w.main:  # the state is the same on every rank: rank 0 writes it
-                path = _save(run, built, stepper, generator, pos)
-                pos.checkpoint_bytes = sum(f.stat().st_size for f in path.iterdir())
-            pos.saved_step = pos.step
+    def save(before_eval: tuple[dict, dict] | None = None) -> None:
+        pos.seconds_now = pos.seconds + time.perf_counter() - start
+        if w.main:  # the state is the same on every rank: rank 0 writes it
+            path = _save(run, built, stepper, generator, pos, before_eval)
+            pos.checkpoint_bytes = _size(path)
+        pos.saved_step = pos.step
+
+    def stopped(why: str | None) -> Preempted:
+        err = Preempted(f"stopped by {why or 'a signal to another process'} at step "
+                        f"{pos.step}; resume with adalora train --resume {run.path}")
+        err.step = pos.step
+        return err
+
+    def boundary(eval_due: bool) -> None:
+        """After optimizer step ``pos.step``: evaluate, checkpoint, honour a stop."""
+        if eval_due:
+            before = (ckpt.rng_state(), run.stream_sizes())  # all an evaluation changes
+            try:
+                with stop.immediate():
+                    _evaluate(built, device, autocast, pos.step, run, progress, trackers, w)
+            except Preempted:
+                save(before_eval=before)  # the resumed run evaluates this step again
+                raise stopped(stop.received) from None
+        if t_cfg.save_every and pos.step % t_cfg.save_every == 0:
+            save()
+        if any_rank(stop.received is not None, w):  # every rank stops at this step
+            if pos.saved_step != pos.step:
+                save()
+            raise stopped(stop.received)
 
     with TrainProgress(total=steps, disable=quiet, start=pos.step) as progress, \
             _heartbeat(run, w) as beat:
         beat.step = pos.step
+        if pos.eval_pending:  # a resumed run whose last evaluation was cut short
+            boundary(eval_due=True)
         while pos.step < steps:
             if pos.epoch_start is None:  # a fresh epoch (not one being resumed)
                 pos.epoch_start, pos.consumed = generator.get_state(), 0
@@ -243,40 +277,29 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             batches.skip = pos.consumed
             micro, loss_sum = 0, 0.0
             for batch in loader:
-                with stop.deferred():
-                    batch = {k: v.to(device) for k, v in batch.items()}
-                    loss, reg = stepper.backward(batch, batches.weight)
-                    loss = global_mean(loss, batches.weight, w)  # the global batch's mean
-                    micro, loss_sum, pos.consumed = micro + 1, loss_sum + loss, pos.consumed + 1
-                    if micro % t_cfg.grad_accum and pos.consumed < len(loader):
-                        continue
-                    pos.step += 1
-                    faults.hit("midstep", pos.step)
-                    lr, logs = stepper.update(pos.step)
-                    row = _train_row(pos.step, loss_sum / micro, lr, logs, reg)
-                    micro, loss_sum = 0, 0.0
-                    if "ranks" in logs:
-                        check_masks(handle.allocator.mask, pos.step, w)
-                        run.log_ranks(pos.step, logs["ranks"])
-                        trackers.log_ranks(pos.step, logs["ranks"])
-                    if pos.step % t_cfg.log_every == 0 or pos.step == steps:
-                        run.log(row)
-                        trackers.log_row(row)
-                    progress.advance(row)
-                    beat.step = pos.step
-                    faults.hit("step", pos.step)
-                if t_cfg.eval_every and pos.step % t_cfg.eval_every == 0 and pos.step < steps:
-                    _evaluate(built, device, autocast, pos.step, run, progress, trackers, w)
-                if t_cfg.save_every and pos.step % t_cfg.save_every == 0:
-                    save()
-                if any_rank(stop.received is not None, w):  # every rank stops at this step
-                    if pos.saved_step != pos.step:
-                        save()
-                    why = stop.received or "a signal to another process"
-                    err = Preempted(f"stopped by {why} at step {pos.step}; resume with "
-                                    f"adalora train --resume {run.path}")
-                    err.step = pos.step
-                    raise err
+                batch = {k: v.to(device) for k, v in batch.items()}
+                loss, reg = stepper.backward(batch, batches.weight)
+                loss = global_mean(loss, batches.weight, w)  # the global batch's mean
+                micro, loss_sum, pos.consumed = micro + 1, loss_sum + loss, pos.consumed + 1
+                if micro % t_cfg.grad_accum and pos.consumed < len(loader):
+                    continue
+                pos.step += 1
+                faults.hit("midstep", pos.step)
+                lr, logs = stepper.update(pos.step)
+                row = _train_row(pos.step, loss_sum / micro, lr, logs, reg)
+                micro, loss_sum = 0, 0.0
+                if "ranks" in logs:
+                    check_masks(handle.allocator.mask, pos.step, w)
+                    run.log_ranks(pos.step, logs["ranks"])
+                    trackers.log_ranks(pos.step, logs["ranks"])
+                if pos.step % t_cfg.log_every == 0 or pos.step == steps:
+                    run.log(row)
+                    trackers.log_row(row)
+                progress.advance(row)
+                beat.step = pos.step
+                faults.hit("step", pos.step)
+                boundary(eval_due=bool(t_cfg.eval_every) and pos.step % t_cfg.eval_every == 0
+                         and pos.step < steps)
                 if pos.step >= steps:
                     break
             else:  # the epoch ran out: the next one draws a new order
@@ -284,7 +307,12 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         if pos.saved_step != pos.step:
             save()  # protects the final evaluation (long for SQuAD and summarization)
         train_seconds = pos.seconds + time.perf_counter() - start
-        results = _evaluate(built, device, autocast, pos.step, run, progress, trackers, w)
+        try:
+            with stop.immediate():  # the checkpoint at T is saved: a stop loses nothing
+                results = _evaluate(built, device, autocast, pos.step, run, progress,
+                                    trackers, w)
+        except Preempted:
+            raise stopped(stop.received) from None
         if w.main and hasattr(built.task, "save_predictions"):  # e.g. SQuAD's answers
             built.task.save_predictions(run.path)
 
@@ -344,18 +372,25 @@ def _evaluate(built: Built, device, autocast, step: int, run: RunDir | Silent,
     return results
 
 
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir())
+
+
 def _save(run: RunDir, built: Built, stepper: Stepper, generator: torch.Generator,
-          pos: Position) -> Path:
+          pos: Position, before_eval: tuple[dict, dict] | None = None) -> Path:
+    """``before_eval``: the RNG state and stream sizes from before an evaluation that a
+    stop signal cut short; saved instead of the current ones, with the evaluation pending."""
     allocator = built.handle.allocator
     state = {
         "optimizer": stepper.optimizer.state_dict(),
         "scheduler": stepper.scheduler.state_dict(),
         "scaler": stepper.scaler.state_dict(),
         "allocator": allocator.state_dict() if allocator is not None else None,
-        "rng": ckpt.rng_state(),
+        "rng": before_eval[0] if before_eval else ckpt.rng_state(),
         "data": {"epoch": pos.epoch, "epoch_start": pos.epoch_start, "consumed": pos.consumed,
                  "generator": generator.get_state()},
-        "streams": run.stream_sizes(),
+        "streams": before_eval[1] if before_eval else run.stream_sizes(),
+        "eval_pending": before_eval is not None,
         "train_seconds": pos.seconds_now,
     }
     return ckpt.save_checkpoint(run.path, pos.step, trained_state(built.model, built.handle),
@@ -380,7 +415,8 @@ def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir) -> Positio
     data = state["data"]
     return Position(step=state["step"], epoch=data["epoch"], consumed=data["consumed"],
                     epoch_start=data["epoch_start"], seconds=state["train_seconds"],
-                    saved_step=state["step"])
+                    saved_step=state["step"], checkpoint_bytes=_size(path),
+                    eval_pending=state.get("eval_pending", False))
 
 
 def _peak_memory(device: torch.device) -> int:

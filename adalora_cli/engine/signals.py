@@ -1,10 +1,13 @@
 """Preemption: SIGTERM and SIGUSR1 end a run with a checkpoint, marked ``preempted``.
 
 Schedulers (SLURM's ``--signal``, Kubernetes, ``kill``) send one of these before they kill
-a job. Inside an optimizer step the handler only takes note, and the loop stops at the next
-step boundary, where the state is whole and can be checkpointed. Elsewhere (loading, an
-evaluation) it raises at once: nothing there is worth finishing, and the run resumes from
-its latest checkpoint.
+a job. While a run owns its directory the handler only takes note, and the loop stops at
+the next step boundary, where the state is whole and can be checkpointed (on several
+processes, every rank agrees there to stop at the same step). An evaluation can last
+minutes, longer than a scheduler's warning, so inside one the signal raises at once: the
+loop then checkpoints the state from before the evaluation, which the resumed run
+evaluates again. Before a run owns a directory (loading the model and data) a signal also
+raises at once: there is nothing to save yet.
 """
 
 from __future__ import annotations
@@ -45,8 +48,19 @@ class StopSignals:
     @contextmanager
     def deferred(self) -> Iterator[None]:
         """Inside: a signal is only noted; the caller checks :attr:`received`."""
-        self._deferred = True
+        previous, self._deferred = self._deferred, True
         try:
             yield
         finally:
-            self._deferred = False
+            self._deferred = previous
+
+    @contextmanager
+    def immediate(self) -> Iterator[None]:
+        """Inside: a signal raises at once (also one noted just before)."""
+        previous, self._deferred = self._deferred, False
+        try:
+            if self.received:
+                raise Preempted(f"stopped by {self.received}")
+            yield
+        finally:
+            self._deferred = previous

@@ -125,3 +125,32 @@ def test_resume_on_cuda_matches_to_float_noise(smoke, tmp_path):
     assert [r.get("loss", 0) for r in b] == pytest.approx([r.get("loss", 0) for r in a],
                                                           abs=1e-4)
     assert [r.get("budget") for r in b] == [r.get("budget") for r in a]
+
+
+def test_a_signal_during_an_evaluation_checkpoints_the_step_before_it(smoke, tmp_path,
+                                                                     baseline):
+    """SIGTERM in the middle of the evaluation at step 16 (save_every=3 last saved 15): the
+    run saves step 16 with its evaluation pending and stops; the resumed run evaluates step
+    16 again, once, and ends byte-identical."""
+    out = tmp_path / "run"
+    assert forked(smoke(out, "train.save_every=3"), "term@eval=16") == 75
+    status = RunDir.read_status(out)
+    assert status["status"] == "preempted" and status["step"] == 16
+    assert f"adalora train --resume {out}" in status["reason"]
+    assert latest_checkpoint(out).name == "step-0000016"
+    evals = [r for r in read_metrics(out) if "split" in r]
+    assert [r["step"] for r in evals] == [16]  # written before the signal; cut on resume
+    assert forked(resume_args(out)) == 0
+    assert same_outputs(out, baseline) == []
+
+
+def test_a_signal_during_the_final_evaluation_loses_nothing(smoke, tmp_path, baseline):
+    out = tmp_path / "run"
+    assert forked(smoke(out, "train.save_every=3"), "term@eval=32") == 75
+    status = RunDir.read_status(out)
+    assert status["status"] == "preempted" and status["step"] == 32
+    assert latest_checkpoint(out).name == "step-0000032"
+    assert forked(resume_args(out)) == 0
+    assert same_outputs(out, baseline) == []
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["checkpoint_bytes"] > 0 and summary["attempts"] == 2
