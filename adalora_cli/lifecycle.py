@@ -136,8 +136,9 @@ class Heartbeat:
     The thread only reads ``self.step``; the loop sets it. A failed write (a full disk) is
     skipped: the heartbeat is a hint, and the loop itself reports disk errors."""
 
-    def __init__(self, run_path: Path):
+    def __init__(self, run_path: Path, enabled: bool = True):
         self.path = Path(run_path) / HEARTBEAT
+        self.enabled = enabled  # off on torchrun ranks other than 0: they own no directory
         self.step = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="adalora-heartbeat",
@@ -153,6 +154,8 @@ class Heartbeat:
         self._thread.join(timeout=5)
 
     def beat(self) -> None:
+        if not self.enabled:
+            return
         row = {"time": time.time(), "step": self.step, "pid": os.getpid(),
                "host": socket.gethostname()}
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")

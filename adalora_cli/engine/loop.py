@@ -330,10 +330,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
 def _heartbeat(run: RunDir | Silent, w: World):
     from ..lifecycle import Heartbeat
 
-    beat = Heartbeat(run.path)
-    if not w.main:  # only rank 0 owns the run directory
-        beat.beat = lambda: None
-    return beat
+    return Heartbeat(run.path, enabled=w.main)  # only rank 0 owns the run directory
 
 
 def _train_row(step: int, loss: float, lr: float, logs: dict[str, Any],
