@@ -8,16 +8,25 @@ each rank's one-line error is all the user sees.
 
 from __future__ import annotations
 
-import os
+import logging
 import sys
 import uuid
 
 
+def _quiet_agent() -> None:
+    """The elastic agent logs each worker's exit at WARNING/ERROR; the ranks already said
+    what failed, in one line."""
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("torch.distributed.elastic") and isinstance(logger, logging.Logger):
+            logger.setLevel(logging.CRITICAL)
+
+
 def launch(nproc: int, args: list[str]) -> int:
     """Run ``python -m adalora_cli ARGS`` on ``nproc`` ranks; the first failure's exit code."""
-    os.environ.setdefault("LOGLEVEL", "ERROR")  # the elastic agent's own warnings
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    _quiet_agent()
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=f"adalora-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",

@@ -151,3 +151,14 @@ def test_mask_checksums_are_compared_across_ranks(tmp_path, diverge):
         expected = ("AdaLoRA masks diverged across processes at step 7 (rank 0: 12 kept / "
                     "checksum 78, rank 1: 11 kept / checksum 72)")
         assert results == [expected, expected]
+
+
+def test_a_rank_side_error_is_one_line_under_nproc(tmp_path):
+    """The ranks find the bad model; rank 0 says so once and the launcher adds nothing."""
+    proc = adalora("train", SMOKE, "model.name_or_path=tests/fixtures/no-such-model",
+                   "--nproc", "2", "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == ["error: model folder tests/fixtures/no-such-model does not exist; set "
+                     "model.name_or_path to a local model folder or a hub id"]
+    assert not (tmp_path / "run").exists()
