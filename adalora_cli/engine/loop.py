@@ -55,6 +55,7 @@ from .distributed import (
 from .order import EpochBatches, example_lengths
 from .schedule import linear_schedule
 from .signals import Preempted, StopSignals
+from .split import LengthSplit
 from .step import Stepper
 
 
@@ -228,8 +229,8 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     generator = torch.Generator().manual_seed(t_cfg.seed)
     lengths = example_lengths(data.train) if t_cfg.group_by_length else None
     batches = EpochBatches(data.train, t_cfg.batch_size, generator, lengths, world=w)
-    loader = DataLoader(data.train, batch_sampler=batches, collate_fn=data.collate,
-                        generator=generator)
+    loader = DataLoader(data.train, batch_sampler=batches, generator=generator,
+                        collate_fn=LengthSplit(data.collate, t_cfg.length_split))
     pos = _restore(latest, built, stepper, run) if latest is not None else Position()
 
     start = time.perf_counter()
@@ -276,9 +277,13 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                 generator.set_state(pos.epoch_start)
             batches.skip = pos.consumed
             micro, loss_sum = 0, 0.0
-            for batch in loader:
-                batch = {k: v.to(device) for k, v in batch.items()}
-                loss, reg = stepper.backward(batch, batches.weight)
+            for pieces in loader:  # one piece unless train.length_split > 1
+                loss = 0.0
+                for j, (batch, share) in enumerate(pieces):
+                    batch = {k: v.to(device) for k, v in batch.items()}
+                    piece_loss, piece_reg = stepper.backward(batch, batches.weight * share,
+                                                             regularize=j == 0)
+                    loss, reg = loss + share * piece_loss, piece_reg if j == 0 else reg
                 loss = global_mean(loss, batches.weight, w)  # the global batch's mean
                 micro, loss_sum, pos.consumed = micro + 1, loss_sum + loss, pos.consumed + 1
                 if micro % t_cfg.grad_accum and pos.consumed < len(loader):

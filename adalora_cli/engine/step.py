@@ -30,16 +30,18 @@ class Stepper:
     max_grad_norm: float = 1.0
     autocast: Callable[[], Any] = contextlib.nullcontext
 
-    def backward(self, batch: dict[str, torch.Tensor], weight: float = 1.0
-                 ) -> tuple[float, torch.Tensor | None]:
+    def backward(self, batch: dict[str, torch.Tensor], weight: float = 1.0,
+                 regularize: bool = True) -> tuple[float, torch.Tensor | None]:
         """Forward and backward one micro-batch; returns (task loss, unweighted regularizer).
 
         ``weight`` scales this process's share of a distributed micro-batch (see
-        distributed.shard); the regularizer is the same on every rank and is not scaled."""
+        distributed.shard) times the piece's share under ``train.length_split`` (split.py);
+        the regularizer is the same on every rank and is not scaled. ``regularize=False``
+        leaves it out: a batch split into pieces adds it once, with its first piece."""
         handle = self.handle
         with self.autocast():
             loss = self.model(**batch).loss
-        reg = handle.regularizer() if handle.regularizer is not None else None
+        reg = handle.regularizer() if handle.regularizer is not None and regularize else None
         scaled = loss * weight if weight != 1.0 else loss
         total = scaled + handle.reg_weight * reg if reg is not None else scaled
         self.scaler.scale(total / self.grad_accum).backward()

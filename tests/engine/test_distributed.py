@@ -91,6 +91,19 @@ def test_resume_on_another_number_of_processes(no_dropout, one_process, tmp_path
     assert_same_run(one_process, out)
 
 
+def test_length_split_reproduces_the_whole_batch(no_dropout, one_process, tmp_path):
+    """train.length_split (engine/split.py) on one process, and combined with two ranks:
+    each batch of 16 (or each rank's 8) run as length-sorted pieces is the same run."""
+    out = tmp_path / "split"
+    os.chdir(ROOT)
+    assert forked(args(no_dropout, out, "train.length_split=4")) == 0
+    assert_same_run(one_process, out)
+    both = tmp_path / "split-two"
+    proc = adalora(*args(no_dropout, both, "train.length_split=3"), "--nproc", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert_same_run(one_process, both)
+
+
 def test_a_batch_that_does_not_divide_is_refused_before_launch(tmp_path):
     proc = adalora("train", SMOKE, "train.batch_size=9", "--nproc", "2", "--run-dir",
                    str(tmp_path / "run"))
