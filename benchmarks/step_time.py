@@ -7,9 +7,11 @@ AdaLoRA), backward, clipping, AdamW, and AdaLoRA's after-step (importance EMAs e
 step, a mask every delta_t). Rounds alternate between the two so machine noise lands on
 both; the ratio of medians is printed. Target: at most 1.03. With the ``bench`` extra
 installed, PEFT's AdaLoRA on the same model and schedule is timed alongside (its
-``update_and_allocate`` after each optimizer step, as PEFT documents).
+``update_and_allocate`` after each optimizer step, as PEFT documents). A fourth line runs
+our AdaLoRA step on the same batch cut into ``--split`` length-sorted pieces, as
+``train.length_split`` does (engine/split.py), against the whole batch.
 
-    python benchmarks/step_time.py [--rank 4] [--rounds 12] [--steps 5] [--batch 32]
+    python benchmarks/step_time.py [--rank 4] [--rounds 12] [--steps 5] [--batch 32] [--split 4]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from adalora_cli.config import load_config
 from adalora_cli.engine.build import load_model, resolve_resources
+from adalora_cli.engine.split import LengthSplit
 from adalora_cli.engine.step import Stepper
 from adalora_cli.methods import apply_method
 from adalora_cli.tasks import get_task
@@ -30,7 +33,9 @@ from adalora_cli.tasks import get_task
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo" / "rotten_tomatoes.yaml"
 
 
-def make_stepper(method: str, rank: int, total: int, batch: dict, ddp: bool = False):
+def make_stepper(method: str, rank: int, total: int, batch: dict | list,
+                 ddp: bool = False):
+    """``batch``: one collated batch, or a list of (piece, share) as LengthSplit returns."""
     cfg = resolve_resources(load_config(DEMO, [
         f"method.name={method}", f"adalora.init_rank={rank}", f"lora.r={rank}",
         f"adalora.budget={rank * 18}", "adalora.t_init=0",
@@ -46,9 +51,11 @@ def make_stepper(method: str, rank: int, total: int, batch: dict, ddp: bool = Fa
     stepper = Stepper(model, handle, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
                       torch.amp.GradScaler("cuda", enabled=False), max_grad_norm=1.0)
     state = {"t": 0}
+    pieces = batch if isinstance(batch, list) else [(batch, 1.0)]
 
     def step() -> None:
-        stepper.backward(batch)
+        for j, (piece, share) in enumerate(pieces):  # the loop's own piece handling
+            stepper.backward(piece, share, regularize=j == 0)
         state["t"] += 1
         stepper.update(state["t"])
 
@@ -88,13 +95,24 @@ def make_peft_stepper(rank: int, total: int, batch: dict):
     return step
 
 
-def real_batch(size: int) -> dict:
+def real_items(size: int) -> tuple[list[dict], object]:
+    """The demo's first ``size`` training examples and the task's collate function."""
     cfg = resolve_resources(load_config(DEMO))
     task = get_task(cfg)
     _, tokenizer = load_model(task, cfg)
     data = task.load_data(tokenizer)
-    items = [data.train[i] for i in range(size)]
-    return data.collate(items)
+    return [data.train[i] for i in range(size)], data.collate
+
+
+def real_batch(size: int) -> dict:
+    items, collate = real_items(size)
+    return collate(items)
+
+
+def padding(pieces: list) -> float:
+    """Share of padded positions among the tokens the pieces carry."""
+    masks = [b["attention_mask"] for b, _ in pieces]
+    return 1 - sum(float(m.sum()) for m in masks) / sum(m.numel() for m in masks)
 
 
 def main() -> None:
@@ -103,32 +121,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=5, help="steps per round per method")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--split", type=int, default=4,
+                        help="pieces for the length_split line; 1 leaves it out")
     args = parser.parse_args()
     import transformers
     transformers.utils.logging.set_verbosity_error()  # no load reports between the numbers
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
-    batch = real_batch(args.batch)
+    items, collate = real_items(args.batch)
+    batch = collate(items)
     total = 2 + args.rounds * args.steps + 10
     steppers = {m: make_stepper(m, args.rank, total, batch) for m in ("adalora", "lora")}
     try:  # the bench extra; without it the PEFT line is left out, not faked
         steppers["peft-adalora"] = make_peft_stepper(args.rank, total, batch)
     except ImportError:
         print("peft not installed (pip install -e '.[bench]'): PEFT's AdaLoRA step skipped")
-    for s in steppers.values():  # warm-up: allocator buffers, autograd graph caches
-        s()
-        s()
-    times: dict[str, list[float]] = {m: [] for m in steppers}
-    names = list(steppers)
-    for r in range(args.rounds):
-        order = names if r % 2 == 0 else names[::-1]
-        for m in order:
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                steppers[m]()
-            times[m].append((time.perf_counter() - start) / args.steps)
-    med = {m: statistics.median(v) for m, v in times.items()}
+    med = alternate(steppers, list(steppers), args.rounds, args.steps)
     print(f"demo model (MiniLM-L6, 36 matrices), rank {args.rank}, batch {args.batch}, "
           f"{args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads")
     for m in ("lora", "adalora", "peft-adalora"):
@@ -139,7 +148,33 @@ def main() -> None:
     if "peft-adalora" in med:
         print(f"our AdaLoRA / PEFT's AdaLoRA step-time ratio: "
               f"{med['adalora'] / med['peft-adalora']:.3f}")
+    if args.split > 1:
+        # its own alternating rounds against the whole batch: interleaving the narrow
+        # pieces with the three steps above would bill their buffer regrowth to a neighbour
+        pieces = LengthSplit(collate, args.split)(items)
+        steppers["adalora-split"] = make_stepper("adalora", args.rank, total, pieces)
+        med = alternate(steppers, ["adalora", "adalora-split"], args.rounds, args.steps)
+        print(f"same AdaLoRA step, the batch whole vs in {args.split} length-sorted pieces "
+              f"(train.length_split; padding {100 * padding([(batch, 1.0)]):.1f} % -> "
+              f"{100 * padding(pieces):.1f} %): {med['adalora'] * 1000:.1f} ms vs "
+              f"{med['adalora-split'] * 1000:.1f} ms")
+        print(f"length_split={args.split} / whole-batch step-time ratio: "
+              f"{med['adalora-split'] / med['adalora']:.3f}")
 
+
+def alternate(steppers: dict, names: list[str], rounds: int, steps: int) -> dict[str, float]:
+    """Median seconds per step of each named stepper, rounds alternating their order."""
+    for m in names:  # warm-up: allocator buffers, autograd graph caches
+        steppers[m]()
+        steppers[m]()
+    times: dict[str, list[float]] = {m: [] for m in names}
+    for r in range(rounds):
+        for m in (names if r % 2 == 0 else names[::-1]):
+            start = time.perf_counter()
+            for _ in range(steps):
+                steppers[m]()
+            times[m].append((time.perf_counter() - start) / steps)
+    return {m: statistics.median(v) for m, v in times.items()}
 
 if __name__ == "__main__":
     main()
