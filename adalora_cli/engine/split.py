@@ -8,8 +8,9 @@ weighted by its share of the batch's loss, so the step sees the gradient of the 
 batch's mean loss: the same examples in the same optimizer step, the same T and
 schedules. What differs is float rounding and the dropout masks, which are drawn per piece
 (a different draw from the same distribution). On CPU fewer padded tokens means less
-compute (4 pieces of a demo batch carry 37 % fewer tokens; a step is about a third
-faster). On a GPU one wide batch usually runs faster than several narrow ones: keep 1.
+compute (4 pieces of a demo batch carry 37 % fewer tokens; a step takes about a quarter
+less time, ``benchmarks/step_time.py``). On a GPU one wide batch usually runs faster
+than several narrow ones: keep 1.
 
 k = 1 (the default) leaves the batch exactly as the task's collate function builds it.
 """
