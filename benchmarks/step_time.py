@@ -54,8 +54,7 @@ def make_stepper(method: str, rank: int, total: int, batch: dict | list,
     pieces = batch if isinstance(batch, list) else [(batch, 1.0)]
 
     def step() -> None:
-        for j, (piece, share) in enumerate(pieces):  # the loop's own piece handling
-            stepper.backward(piece, share, regularize=j == 0)
+        stepper.backward_pieces(pieces)  # the loop's own call
         state["t"] += 1
         stepper.update(state["t"])
 

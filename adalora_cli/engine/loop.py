@@ -278,13 +278,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             batches.skip = pos.consumed
             micro, loss_sum = 0, 0.0
             for pieces in loader:  # one piece unless train.length_split > 1
-                loss, reg = 0.0, None
-                for j, (batch, share) in enumerate(pieces):
-                    batch = {k: v.to(device) for k, v in batch.items()}
-                    piece_loss, piece_reg = stepper.backward(batch, batches.weight * share,
-                                                             regularize=j == 0)
-                    loss += share * piece_loss
-                    reg = piece_reg if j == 0 else reg  # the regularizer comes with piece 0
+                loss, reg = stepper.backward_pieces(pieces, batches.weight, device)
                 loss = global_mean(loss, batches.weight, w)  # the global batch's mean
                 micro, loss_sum, pos.consumed = micro + 1, loss_sum + loss, pos.consumed + 1
                 if micro % t_cfg.grad_accum and pos.consumed < len(loader):

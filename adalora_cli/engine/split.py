@@ -35,8 +35,7 @@ def loss_units(batch: Batch) -> int:
     labels = batch.get("labels")
     if isinstance(labels, torch.Tensor) and labels.dim() >= 2:
         return int((labels != IGNORE).sum())
-    first = next(iter(batch.values()))
-    return int(first.shape[0])
+    return int(batch["input_ids"].shape[0])
 
 
 class LengthSplit:

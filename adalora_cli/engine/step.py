@@ -47,6 +47,21 @@ class Stepper:
         self.scaler.scale(total / self.grad_accum).backward()
         return float(loss.detach()), reg
 
+    def backward_pieces(self, pieces: list[tuple[dict[str, torch.Tensor], float]],
+                        weight: float = 1.0, device: torch.device | None = None
+                        ) -> tuple[float, torch.Tensor | None]:
+        """:meth:`backward` on each ``(batch, share)`` piece of one micro-batch (split.py);
+        returns the micro-batch's mean loss and the regularizer, added with piece 0 only."""
+        loss, reg = 0.0, None
+        for j, (batch, share) in enumerate(pieces):
+            if device is not None:
+                batch = {k: v.to(device) for k, v in batch.items()}
+            piece_loss, piece_reg = self.backward(batch, weight * share, regularize=j == 0)
+            loss += share * piece_loss  # one piece: 0.0 + 1.0 * loss, exactly the loss
+            if j == 0:
+                reg = piece_reg
+        return loss, reg
+
     def update(self, t: int) -> tuple[float, dict[str, Any]]:
         """Apply the accumulated gradients as optimizer step ``t`` (from 1).
 
