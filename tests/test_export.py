@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 from typer.testing import CliRunner
 
+from adalora_cli.artifacts.load import load_run
 from adalora_cli.cli import app
-from adalora_cli.weights import load_run
 
 # PEFT applies an AdaLoRA rank_pattern while loading the weights, after its generic LoRA
 # injection has warned that the pattern's keys name no module; its own saved adapters warn

@@ -19,11 +19,11 @@ from rich.console import Console
 from scipy import stats
 from typer.testing import CliRunner
 
-from adalora_cli import paper_results
 from adalora_cli.cli import app
-from adalora_cli.figures import mean_rank_pattern, write_figures
-from adalora_cli.report import build_report, welch_p
-from adalora_cli.report_render import render_csv, render_latex, render_markdown, render_rich
+from adalora_cli.report import paper as paper_results
+from adalora_cli.report.figures import mean_rank_pattern, write_figures
+from adalora_cli.report.render import render_csv, render_latex, render_markdown, render_rich
+from adalora_cli.report.tables import build_report, welch_p
 
 runner = CliRunner()
 
@@ -324,8 +324,8 @@ def test_cli_no_finished_runs(tmp_path):
 
 
 def test_unfinished_runs_say_whether_they_live(tmp_path):
-    from adalora_cli.lifecycle import identity
-    from adalora_cli.report_runs import load_run
+    from adalora_cli.report.runs import load_run
+    from adalora_cli.rundir.owner import identity
 
     live = make_run(tmp_path, "live", "rte", "lora", 1, {}, 144, status="running")
     (live / "status.json").write_text(json.dumps({"status": "running", **identity()}))

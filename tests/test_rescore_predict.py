@@ -15,8 +15,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from adalora_cli.artifacts.load import load_run
 from adalora_cli.cli import app
-from adalora_cli.weights import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SST2 = ROOT / "tests/fixtures/glue/sst2/validation.jsonl"

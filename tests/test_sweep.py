@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, load_config
-from adalora_cli.rundir import is_finished
-from adalora_cli.sweep import (
+from adalora_cli.rundir.layout import SWEEP_LOG
+from adalora_cli.rundir.run import is_finished
+from adalora_cli.sweep.local import execute, gpu_slots, visible_gpus
+from adalora_cli.sweep.plan import (
     PlannedRun,
     SweepSpec,
     build_spec,
@@ -23,7 +25,6 @@ from adalora_cli.sweep import (
     plan,
     size_overrides,
 )
-from adalora_cli.sweep_runner import LOG, execute, gpu_slots, visible_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = "configs/smoke/glue.yaml"
@@ -156,7 +157,7 @@ def test_failed_runs_are_recorded_and_the_others_go_on(tmp_path, in_repo):
     assert [o.status for o in outcomes] == ["failed", "failed"]
     assert all(o.error.startswith("exit 2:") for o in outcomes)
     assert "No such option" in (tmp_path / "logs" / "bad0.log").read_text()
-    events = [json.loads(line) for line in (tmp_path / LOG).read_text().splitlines()]
+    events = [json.loads(line) for line in (tmp_path / SWEEP_LOG).read_text().splitlines()]
     kinds = [(e["run"], e["event"]) for e in events]
     assert kinds[:2] == [("bad0", "started"), ("bad1", "started")]  # both ran at once
     assert sorted(kinds[2:]) == [("bad0", "failed"), ("bad1", "failed")]
@@ -217,7 +218,7 @@ def test_smoke_sweep_runs_every_combination(smoke_sweep):
             assert cfg.lora.r == 1  # rbar 0.67 and 1.33 both round to 1
     assert (smoke_sweep / "sweep.yaml").is_file()
     assert len(list((smoke_sweep / "logs").glob("*.log"))) == 8
-    events = [json.loads(line) for line in (smoke_sweep / LOG).read_text().splitlines()]
+    events = [json.loads(line) for line in (smoke_sweep / SWEEP_LOG).read_text().splitlines()]
     assert sorted(e["run"] for e in events if e["event"] == "finished") == NAMES
 
 
@@ -233,7 +234,7 @@ def test_rerun_skips_finished_and_resumes_unfinished(smoke_sweep):
     assert (smoke_sweep / "glue-adalora-b8-s0" / "summary.json").stat().st_mtime_ns == before
     run_dirs = [p for p in smoke_sweep.iterdir() if (p / "status.json").exists()]
     assert len(run_dirs) == 8  # the unfinished one was continued in place, not duplicated
-    events = [json.loads(line) for line in (smoke_sweep / LOG).read_text().splitlines()]
+    events = [json.loads(line) for line in (smoke_sweep / SWEEP_LOG).read_text().splitlines()]
     resumed = [e for e in events if e["event"] == "resumed"]
     assert [(e["run"], e["previous_status"]) for e in resumed] == [(broken.name, "running")]
     # it had no checkpoint left (a finished run deletes them), so it started over, once

@@ -18,12 +18,12 @@ from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.config import ConfigError
-from adalora_cli.rundir import RunDir, is_finished
-from adalora_cli.slurm_job import train_command
-from adalora_cli.slurm_launcher import SlurmLauncher, make_executor
-from adalora_cli.slurm_options import parse_slurm, parse_time
-from adalora_cli.sweep import PlannedRun, build_spec, plan
-from adalora_cli.sweep_status import RunStatus, _combine, sweep_states
+from adalora_cli.rundir.run import RunDir, is_finished
+from adalora_cli.sweep.plan import PlannedRun, build_spec, plan
+from adalora_cli.sweep.slurm import SlurmLauncher, make_executor
+from adalora_cli.sweep.slurm_job import train_command
+from adalora_cli.sweep.slurm_options import parse_slurm, parse_time
+from adalora_cli.sweep.status import RunStatus, _combine, sweep_states
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = "configs/smoke/glue.yaml"
@@ -271,7 +271,7 @@ def test_job_function_pickles_without_its_process(tmp_path):
     """submitit pickles the job again at checkpoint time; a live child must not go along."""
     import pickle
 
-    from adalora_cli.slurm_job import TrainJob
+    from adalora_cli.sweep.slurm_job import TrainJob
 
     job = TrainJob(PlannedRun("r", Path(SMOKE), "lora", None, 0, (), ""), tmp_path)
     job._proc = object()
@@ -283,8 +283,8 @@ def test_job_function_pickles_without_its_process(tmp_path):
 def test_only_a_single_process_run_watches_its_job(tmp_path):
     """ADALORA_PARENT_PID makes `adalora train` stop when that pid is not its parent; under
     torchrun the ranks' parent is torchrun, so the job must not set it there."""
-    from adalora_cli.lifecycle import PARENT_ENV
-    from adalora_cli.slurm_job import TrainJob
+    from adalora_cli.rundir.owner import PARENT_ENV
+    from adalora_cli.sweep.slurm_job import TrainJob
 
     run = PlannedRun("r", Path(SMOKE), "lora", None, 0, (), "")
     assert TrainJob(run, tmp_path, nproc=1).env()[PARENT_ENV] == str(os.getpid())

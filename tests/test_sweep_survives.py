@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from adalora_cli.rundir import RunDir, is_finished
+from adalora_cli.rundir.run import RunDir, is_finished
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = "configs/smoke/glue.yaml"
@@ -91,7 +91,7 @@ def test_a_stopped_sweep_leaves_no_orphans(tmp_path, how):
 
 
 def test_a_sweep_releases_only_its_own_launch_claim(tmp_path):
-    from adalora_cli.sweep_runner import claim_launch, release_launch, run_state
+    from adalora_cli.sweep.local import claim_launch, release_launch, run_state
 
     run = tmp_path / "r"
     assert claim_launch(run) == "empty"  # a new directory: ours to start

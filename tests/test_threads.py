@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from adalora_cli import threads
-from adalora_cli.sweep_runner import _child_env
+from adalora_cli.sweep.local import _child_env
 from tests.conftest import ROOT
 
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from adalora_cli.cli import app
 from adalora_cli.config import load_config
 from adalora_cli.heatmap import heatmap_png
-from adalora_cli.rundir import read_metrics
+from adalora_cli.rundir.run import read_metrics
 from adalora_cli.tracking import Trackers, fanout
 from tests.wandb_records import read_run
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from adalora_cli.cli import app
 from adalora_cli.config import RunConfig, TrainConfig
 from adalora_cli.engine.schedule import linear_schedule, total_steps
-from adalora_cli.rundir import read_metrics
+from adalora_cli.rundir.run import read_metrics
 
 
 def cfg_with(**train) -> RunConfig:

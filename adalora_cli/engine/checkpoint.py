@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..rundir import CHECKPOINTS
+from ..rundir.layout import CHECKPOINTS
 from . import faults
 
 TENSORS = "trainable.safetensors"

@@ -12,7 +12,6 @@ writes exactly the rows the uninterrupted one would have.
 from __future__ import annotations
 
 import math
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -24,19 +23,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ConfigError, RunConfig, dump_config
-from ..export import export_facts
-from ..progress import TrainProgress
-from ..rundir import (
-    CONFIG,
-    HEATMAP,
-    RANK_PATTERN,
-    RunBusy,
-    RunDir,
-    default_run_dir,
-    write_text_atomic,
-)
+from ..rundir.layout import CONFIG
+from ..rundir.run import RunBusy, RunDir, default_run_dir, write_text_atomic
 from ..tracking import Trackers, check_trackers
-from ..weights import save_weights, trained_state
 from . import checkpoint as ckpt
 from . import faults
 from .build import Built, autocast_factory, build_run, first_line
@@ -53,6 +42,8 @@ from .distributed import (
     world,
 )
 from .order import EpochBatches, example_lengths
+from .outputs import trained_state, write_outputs
+from .progress import TrainProgress
 from .schedule import linear_schedule
 from .signals import Preempted, StopSignals
 from .split import LengthSplit
@@ -321,14 +312,14 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
 
     # epochs actually run (fractional under max_steps): the report's time per epoch
     epochs = steps / math.ceil(len(loader) / t_cfg.grad_accum)
-    summary = _finish_outputs(built, run, results, train_seconds, epochs)
+    summary = write_outputs(built, run, results, train_seconds, epochs)
     summary["data"] = data.info  # split sizes and sources: what T was computed from
     summary["checkpoint_bytes"] = pos.checkpoint_bytes
     return summary
 
 
 def _heartbeat(run: RunDir | Silent, w: World):
-    from ..lifecycle import Heartbeat
+    from ..rundir.owner import Heartbeat
 
     return Heartbeat(run.path, enabled=w.main)  # only rank 0 owns the run directory
 
@@ -414,47 +405,3 @@ def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir) -> Positio
                     epoch_start=data["epoch_start"], seconds=state["train_seconds"],
                     saved_step=state["step"], checkpoint_bytes=_size(path),
                     eval_pending=state.get("eval_pending", False))
-
-
-def _peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _finish_outputs(built: Built, run: RunDir, results, train_seconds: float,
-                    epochs: float) -> dict[str, Any]:
-    cfg, handle = built.cfg, built.handle
-    status = RunDir.read_status(run.path) or {}
-    summary: dict[str, Any] = {
-        "task": cfg.task.name,
-        "method": cfg.method.name,
-        "model": cfg.model.name_or_path,
-        "seed": cfg.train.seed,
-        "adapter_params": handle.adapter_params,
-        "head_params": handle.head_params,
-        "n_matrices": handle.n_matrices,
-        "total_steps": built.steps,
-        "metrics": results,
-        "train_seconds": round(train_seconds, 2),
-        "peak_memory_bytes": _peak_memory(built.device),
-        "device": str(built.device),
-        "epochs": round(epochs, 4),
-        "budget_level": cfg.sweep.budget_level,
-        "attempts": int(status.get("attempt", 1)),
-        "export": export_facts(cfg, built.model, handle),  # base model, targets, hparams
-    }
-    allocator = handle.allocator
-    if allocator is not None:
-        pattern = allocator.rank_pattern()
-        run.write_json(RANK_PATTERN, pattern)
-        summary["final_adapter_params"] = allocator.final_adapter_params()
-        summary["final_budget"] = sum(pattern.values())
-        from ..heatmap import plot_rank_heatmap
-        plot_rank_heatmap(pattern, run.path / HEATMAP,
-                          title=f"{cfg.task.name} {cfg.method.name}: final ranks "
-                                f"(budget {sum(pattern.values())})")
-    if cfg.train.save_weights:
-        summary["weights"] = save_weights(built.model, handle, cfg, run.path, built.tokenizer)
-    return summary

@@ -12,14 +12,14 @@ from collections.abc import Callable
 
 from torch import nn
 
-from adalora_cli.config import ConfigError, RunConfig
-from adalora_cli.methods.adalora import SVDLinear, orthogonal_regularizer
-from adalora_cli.methods.adapters import HoulsbyAdapter, PfeifferAdapter
-from adalora_cli.methods.allocator import RankAllocator, check_schedule
-from adalora_cli.methods.base import MethodHandle, adapter_modules, count, head_parameters
-from adalora_cli.methods.bitfit import bias_parameters
-from adalora_cli.methods.inject import adapter_sites, replace_linears, resolve_targets
-from adalora_cli.methods.lora import LoRALinear
+from ..config import ConfigError, RunConfig
+from .adalora import SVDLinear, orthogonal_regularizer
+from .adapters import HoulsbyAdapter, PfeifferAdapter
+from .allocator import RankAllocator, check_schedule
+from .base import MethodHandle, adapter_modules, count, head_parameters
+from .bitfit import bias_parameters
+from .inject import adapter_sites, replace_linears, resolve_targets
+from .lora import LoRALinear
 
 __all__ = ["MethodHandle", "RankAllocator", "apply_method", "parameter_table"]
 

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from adalora_cli.methods.base import LinearWrapper, optional_dropout
+from .base import LinearWrapper, optional_dropout
 
 RegForm = Literal["code", "paper"]
 

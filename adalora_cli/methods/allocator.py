@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from adalora_cli.config import AdaLoRAConfig, ConfigError
+from ..config import AdaLoRAConfig, ConfigError
 
 Score = Literal["smoothed", "sensitivity", "magnitude"]
 # Slot parts: triplet i owns slots 3i (P column / B column), 3i+1 (lam), 3i+2 (Q row / A row).

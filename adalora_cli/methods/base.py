@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from adalora_cli.methods.allocator import RankAllocator
+from .allocator import RankAllocator
 
 
 @runtime_checkable

@@ -16,8 +16,8 @@ from typing import Any
 
 from torch import nn
 
-from adalora_cli.config import RunConfig
-from adalora_cli.methods.base import MethodHandle
+from ..config import RunConfig
+from .base import MethodHandle
 
 
 def triplet_costs(layers: Sequence[tuple[str, nn.Module]]) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
-from adalora_cli.config import ConfigError
+from ..config import ConfigError
 
 _BERT_TARGETS = ("query", "key", "value", "attention.output.dense", "intermediate.dense",
                  "output.dense")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from adalora_cli.methods.base import LinearWrapper, optional_dropout
+from .base import LinearWrapper, optional_dropout
 
 
 class LoRALinear(LinearWrapper):

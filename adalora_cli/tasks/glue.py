@@ -22,10 +22,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from adalora_cli.config import ConfigError, RunConfig
-from adalora_cli.tasks import data as rawdata
-from adalora_cli.tasks import eval_order, metrics
-from adalora_cli.tasks.base import TaskData
+from ..config import ConfigError, RunConfig
+from . import data as rawdata
+from . import eval_order, metrics
+from .base import TaskData
 
 GLUE_HUB = "nyu-mll/glue"
 

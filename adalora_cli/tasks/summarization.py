@@ -35,10 +35,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from adalora_cli.config import ConfigError, RunConfig
-from adalora_cli.tasks import bbc_news, eval_order
-from adalora_cli.tasks import data as rawdata
-from adalora_cli.tasks.base import TaskData
+from ..config import ConfigError, RunConfig
+from . import bbc_news, eval_order
+from . import data as rawdata
+from .base import TaskData
 
 # The BART warm start (transformers' BART classes) and ROUGE (rouge-score, nltk) are
 # imported where they are used, so a run that never builds a warm start or scores ROUGE
@@ -142,7 +142,7 @@ class SummarizationTask:
         path = self.cfg.model.name_or_path
         config = AutoConfig.from_pretrained(path)  # OSError: reported by the training loop
         if config.model_type == "bert":
-            from adalora_cli.tasks import warm_start
+            from . import warm_start
 
             return warm_start.bart_from_bert(path)
         if not getattr(config, "is_encoder_decoder", False):
@@ -272,7 +272,7 @@ class SummarizationTask:
         self.predictions[split] = [
             {"id": i, "prediction": p, "reference": r}
             for i, p, r in zip(data["id"], predictions, references)]
-        from adalora_cli.tasks.rouge import rouge
+        from .rouge import rouge
 
         return rouge(predictions, references)
 

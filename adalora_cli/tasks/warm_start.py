@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from transformers import AutoModel, AutoTokenizer, BartConfig, BartForConditionalGeneration
 
-from adalora_cli.config import ConfigError
+from ..config import ConfigError
 
 # BART attention projection -> BERT module under ``encoder.layer.<i>.``
 _ATTENTION = {"q_proj": "attention.self.query", "k_proj": "attention.self.key",

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, RunConfig
-from ..rundir import RANK_PATTERN, TRACKERS
+from ..rundir.layout import RANK_PATTERN, TRACKERS
 from .base import Sink, flatten, run_info
 
 # tracker name -> module of this package that implements it (its PACKAGES say what it needs)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..rundir import TENSORBOARD_DIR
+from ..rundir.layout import TENSORBOARD_DIR
 from .base import RunInfo, Sink
 
 PACKAGES = ("tensorboard",)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..rundir import WANDB_DIR
+from ..rundir.layout import WANDB_DIR
 from .base import RunInfo, Sink
 
 PACKAGES = ("wandb",)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from adalora_cli.engine.distributed import World, per_rank_batch, shard
-from adalora_cli.rundir import read_metrics
+from adalora_cli.rundir.run import read_metrics
 
 from .conftest import ROOT, SMOKE, forked
 

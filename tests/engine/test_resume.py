@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from adalora_cli.engine.checkpoint import latest_checkpoint
-from adalora_cli.rundir import RunDir, is_finished, read_metrics
+from adalora_cli.rundir.run import RunDir, is_finished, read_metrics
 
 from .conftest import forked, same_outputs
 

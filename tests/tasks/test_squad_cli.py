@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
-from adalora_cli.rundir import is_finished, read_metrics
+from adalora_cli.rundir.run import is_finished, read_metrics
 from tests.tasks.test_squad_features import expected_windows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,8 +100,8 @@ def test_adalora_prunes_to_the_budget(adalora_run):
 
 
 def test_saved_weights_reload_to_the_same_scores(adalora_run, monkeypatch):
+    from adalora_cli.artifacts.load import load_run
     from adalora_cli.engine import build as training
-    from adalora_cli.weights import load_run
 
     monkeypatch.chdir(ROOT)
     model, tokenizer, cfg = load_run(adalora_run)

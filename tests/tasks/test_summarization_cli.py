@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
-from adalora_cli.rundir import is_finished, read_metrics
+from adalora_cli.rundir.run import is_finished, read_metrics
 from tests.conftest import FIXTURES, ROOT
 
 SMOKE = "configs/smoke/summarization.yaml"

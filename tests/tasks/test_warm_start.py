@@ -89,8 +89,8 @@ def test_minilm_demo_checkpoint_warm_starts_faithfully():
 def test_warm_started_run_reloads_with_its_trained_bias(tmp_path, in_repo):
     from typer.testing import CliRunner
 
+    from adalora_cli.artifacts.load import load_run
     from adalora_cli.cli import app
-    from adalora_cli.weights import load_run
 
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [

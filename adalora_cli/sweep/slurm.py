@@ -1,7 +1,7 @@
 """The SLURM launcher: a sweep's missing runs as one submitit job array, one run a task.
 
 ``adalora sweep ... --launcher slurm --slurm partition=gpu,time=24:00:00`` looks at every
-run (:mod:`adalora_cli.sweep_status`), submits those not finished, running or queued as
+run (:mod:`adalora_cli.sweep.status`), submits those not finished, running or queued as
 one array (``sweep_dir/slurm/`` holds submitit's pickles and the jobs' stdout/stderr,
 ``sweep_dir/logs/<run>.log`` each run's training output, as with the local launcher),
 records the job ids in ``slurm_jobs.json`` and returns; ``--wait`` blocks until the jobs
@@ -19,15 +19,14 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .config import ConfigError
-from .lifecycle import identity
+from ..config import ConfigError
+from ..rundir.layout import SUBMITIT_DIR
+from ..rundir.owner import identity
+from .local import Outcome, SweepLog, write_manifest
+from .plan import PlannedRun, SweepSpec
 from .slurm_job import TrainJob
 from .slurm_options import SlurmOptions, executor_parameters
-from .sweep import PlannedRun, SweepSpec
-from .sweep_runner import Outcome, SweepLog, write_manifest
-from .sweep_status import RESUBMIT, RunStatus, read_records, sweep_states, write_records
-
-SUBMITIT_DIR = "slurm"
+from .status import RESUBMIT, RunStatus, read_records, sweep_states, write_records
 
 
 def _submitit():

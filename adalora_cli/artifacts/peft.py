@@ -27,11 +27,12 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from .config import ConfigError, RunConfig
-from .methods.adalora import SVDLinear
-from .methods.base import adapter_modules, head_parameters
-from .methods.lora import LoRALinear
-from .weights import ALLOCATOR_STATE
+from ..config import ConfigError, RunConfig
+from ..engine.outputs import head_modules
+from ..methods.adalora import SVDLinear
+from ..methods.base import adapter_modules
+from ..methods.lora import LoRALinear
+from ..rundir.layout import ALLOCATOR_STATE
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -101,13 +102,6 @@ def lora_tensors(layers: list[tuple[str, LoRALinear]]) -> dict[str, torch.Tensor
         tensors[f"{PREFIX}{path}.lora_A.weight"] = layer.A.detach()  # (r, d_in)
         tensors[f"{PREFIX}{path}.lora_B.weight"] = layer.B.detach()  # (d_out, r)
     return tensors
-
-
-def head_modules(model: nn.Module) -> list[str]:
-    """Top-level modules holding the task head (outside ``model.base_model``)."""
-    head = {id(p) for p in head_parameters(model)}
-    return list(dict.fromkeys(name.split(".", 1)[0] for name, p in model.named_parameters()
-                              if id(p) in head))
 
 
 def head_tensors(model: nn.Module, heads: list[str]) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .config import ConfigError
+from ..config import ConfigError
 
 KEYS = ("partition", "time", "gpus_per_job", "cpus", "mem", "account", "qos", "constraint",
         "parallel", "signal_delay", "requeues")

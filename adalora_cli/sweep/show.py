@@ -8,8 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .sweep_runner import Outcome
-from .sweep_status import RunStatus
+from .local import Outcome
+from .status import RunStatus
 
 ORDER = ("submitted", "queued", "running", "finished", "preempted", "unfinished", "failed",
          "not started", "busy", "skipped")

@@ -5,8 +5,8 @@ the adapter parameters as the paper counts them (AdaLoRA: the parameters left af
 pruning, ``final_adapter_params``; the others: ``adapter_params``). A cell is the mean
 over seeds with the sample standard deviation (ddof = 1) and the number of seeds. Each
 method is compared with LoRA at the same budget level by a two-sided Welch t-test across
-seeds. Reading runs lives in :mod:`adalora_cli.report_runs`, rendering in
-:mod:`adalora_cli.report_render`, figures in :mod:`adalora_cli.figures`.
+seeds. Reading runs lives in :mod:`adalora_cli.report.runs`, rendering in
+:mod:`adalora_cli.report.render`, figures in :mod:`adalora_cli.report.figures`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paper_results import ALL_AVE, TRAINING_COST, published
-from .report_runs import TASKS, Column, Run, load_runs
+from .paper import ALL_AVE, TRAINING_COST, published
+from .runs import TASKS, Column, Run, load_runs
 
 FAMILIES = {"glue": "GLUE (paper Table 1)", "squad": "SQuAD (paper Table 2)",
             "summarization": "Summarization (paper Table 3)", "other": "Other tasks"}

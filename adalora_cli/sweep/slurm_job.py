@@ -24,10 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from .lifecycle import PARENT_ENV
-from .rundir import is_finished
-from .sweep import PlannedRun
-from .sweep_runner import (
+from ..rundir.owner import PARENT_ENV
+from ..rundir.run import is_finished
+from .local import (
     EXIT_BUSY,
     EXIT_PREEMPTED,
     SweepLog,
@@ -36,6 +35,7 @@ from .sweep_runner import (
     clear_empty,
     release_launch,
 )
+from .plan import PlannedRun
 
 
 class RunFailed(RuntimeError):

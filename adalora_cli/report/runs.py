@@ -17,8 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from .lifecycle import owner_alive, read_heartbeat
-from .rundir import CONFIG, EVAL, STATUS, SUMMARY, RunDir
+from ..rundir.layout import CONFIG, EVAL, STATUS, SUMMARY
+from ..rundir.owner import owner_alive, read_heartbeat
+from ..rundir.run import RunDir
 
 VAL = ("validation",)
 _FRACTIONS = {"accuracy", "f1", "matthews", "pearson", "spearman", "corr"}

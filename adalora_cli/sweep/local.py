@@ -32,14 +32,12 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import threads
-from .config import load_config
-from .lifecycle import PARENT_ENV, identity, launch_alive, owner_alive
-from .rundir import CONFIG, LAUNCH, RunDir, is_finished, locked
-from .sweep import PlannedRun, SweepSpec
-
-LOG = "sweep_log.jsonl"
-MANIFEST = "sweep.yaml"
+from .. import threads
+from ..config import load_config
+from ..rundir.layout import CONFIG, LAUNCH, SWEEP_LOG, SWEEP_MANIFEST
+from ..rundir.owner import PARENT_ENV, identity, launch_alive, owner_alive
+from ..rundir.run import RunDir, is_finished, locked
+from .plan import PlannedRun, SweepSpec
 
 
 @dataclass
@@ -130,7 +128,7 @@ def config_drift(run: PlannedRun, path: Path) -> bool:
 
 class SweepLog:
     def __init__(self, sweep_dir: Path):
-        self.path = sweep_dir / LOG
+        self.path = sweep_dir / SWEEP_LOG
 
     def event(self, run: str, event: str, **fields: object) -> None:
         row = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -146,7 +144,7 @@ def write_manifest(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path) -> 
             "runs": [{"name": r.name, "config": str(r.config), "method": r.method,
                       "budget_level": r.budget_level, "seed": r.seed, "size": r.size,
                       "overrides": list(r.overrides)} for r in runs]}
-    (sweep_dir / MANIFEST).write_text(yaml.safe_dump(data, sort_keys=False))
+    (sweep_dir / SWEEP_MANIFEST).write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def _child_env(gpu: str | None, jobs: int) -> dict[str, str]:
@@ -339,7 +337,7 @@ def describe(runs: list[PlannedRun], sweep_dir: Path) -> list[dict]:
     """What ``--dry-run`` lists: each run, its size, parameter counts and what would happen.
 
     Counts come from an in-process dry run, cached across seeds (they never change them)."""
-    from .engine.build import dry_run
+    from ..engine.build import dry_run
 
     cache: dict[tuple, dict] = {}
     action = {"finished": "skip (finished)", "running": "skip (running elsewhere)",

@@ -1,22 +1,5 @@
-"""The run directory: everything one ``adalora train`` leaves behind.
-
-Layout (all names fixed, so reports can rely on them)::
-
-    config.yaml         resolved config
-    status.json         {"status": running|preempted|failed|finished, owner, ...}; failed
-                        runs carry the error
-    heartbeat.json      a live run's last step and time, rewritten every 30 s
-    checkpoints/step-N/ the training state to resume from (kept while a run is unfinished)
-    metrics.jsonl       one JSON object per line: training rows and eval rows
-    rank_history.jsonl  AdaLoRA: per-matrix ranks at every mask event
-    rank_pattern.json   AdaLoRA: {module path: final rank}
-    rank_heatmap.png    AdaLoRA: final rank per layer and matrix type (paper Figure 3)
-    adapter_model.safetensors   trained adapter + head (or model/ for method 'full')
-    summary.json        written last: its presence means the run finished
-    eval/<name>.json    later re-scoring with adalora eval (never touches the above)
-    trackers.json       with log.to: each tracker's run id, so a resumed run reattaches
-    tensorboard/        with log.to=[tensorboard]: the event files
-    wandb/              with log.to=[wandb]: W&B's local run folders
+"""The run directory as an object: claim it (a new run or a resume), write its status and
+streams, and finish or fail it. File names live in :mod:`.layout`, ownership in :mod:`.owner`.
 
 A run is finished only when ``summary.json`` exists and ``status.json`` says so; a crash
 or a bad input leaves ``status: failed`` with the error, never a finished-looking run.
@@ -38,29 +21,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, RunConfig, dump_config
-
-SUMMARY = "summary.json"
-STATUS = "status.json"
-METRICS = "metrics.jsonl"
-CONFIG = "config.yaml"
-RANK_PATTERN = "rank_pattern.json"
-RANK_HISTORY = "rank_history.jsonl"
-HEATMAP = "rank_heatmap.png"
-WEIGHTS = "adapter_model.safetensors"
-FULL_MODEL = "model"
-HEARTBEAT = "heartbeat.json"
-CHECKPOINTS = "checkpoints"
-LOCK = ".lock"
-EVAL = "eval"
-"""``adalora eval`` writes ``eval/<name>.json`` (and predictions in ``eval/<name>/``)."""
-LAUNCH = "launch.json"
-"""Written by the sweep that is starting a run's process, so another sweep leaves it alone."""
-STREAMS = (METRICS, RANK_HISTORY)
-"""Append-only files that a resumed run cuts back to their length at its checkpoint."""
-TRACKERS = "trackers.json"       # tracking (issue 12)
-TENSORBOARD_DIR = "tensorboard"
-WANDB_DIR = "wandb"
+from ..config import ConfigError, RunConfig, dump_config
+from .layout import (
+    CONFIG,
+    HEATMAP,
+    LAUNCH,
+    LOCK,
+    METRICS,
+    RANK_HISTORY,
+    RANK_PATTERN,
+    STATUS,
+    STREAMS,
+    SUMMARY,
+    WEIGHTS,
+)
 
 
 class RunBusy(Exception):
@@ -130,7 +104,7 @@ class RunDir:
     @classmethod
     def create(cls, path: str | Path, cfg: RunConfig) -> RunDir:
         """Claim a new, empty directory for a run and write its config."""
-        from .lifecycle import identity, owner_alive
+        from .owner import identity, owner_alive
 
         path = Path(path)
         if path.exists() and not path.is_dir():
@@ -154,7 +128,7 @@ class RunDir:
     @staticmethod
     def check_claimable(path: str | Path) -> None:
         """Refuse, before any work, to resume what is not a run, is finished, or is live."""
-        from .lifecycle import owner_alive
+        from .owner import owner_alive
 
         path = Path(path)
         if not path.is_dir() or not (path / CONFIG).is_file() or not (path / STATUS).is_file():
@@ -170,7 +144,7 @@ class RunDir:
     @classmethod
     def reopen(cls, path: str | Path) -> RunDir:
         """Claim an unfinished run (preempted, failed, or running with a dead owner)."""
-        from .lifecycle import identity
+        from .owner import identity
 
         path = Path(path)
         with locked(path):  # checked again: another process may have claimed it meanwhile

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from .paper_results import ALL_AVE
-from .report import Cell, Report, Row, Table
+from .paper import ALL_AVE
+from .tables import Cell, Report, Row, Table
 
 FORMATS = ("rich", "markdown", "csv", "latex")
 

@@ -19,10 +19,11 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from .heatmap import rank_grid
-from .report import METHOD_NAMES, Report, Table
-from .report_runs import Run
-from .rundir import RANK_PATTERN, read_metrics
+from ..heatmap import rank_grid
+from ..rundir.layout import RANK_PATTERN
+from ..rundir.run import read_metrics
+from .runs import Run
+from .tables import METHOD_NAMES, Report, Table
 
 
 def _plt():

@@ -21,12 +21,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .lifecycle import process_alive, read_heartbeat
-from .rundir import RunDir
-from .sweep import PlannedRun
-from .sweep_runner import LOG, run_state
+from ..rundir.layout import SLURM_RECORDS, SWEEP_LOG
+from ..rundir.owner import process_alive, read_heartbeat
+from ..rundir.run import RunDir
+from .local import run_state
+from .plan import PlannedRun
 
-RECORDS = "slurm_jobs.json"
 """{run name: {"job_id", "cluster", "submitted", ...}} for every run submitted via submitit."""
 
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED",
@@ -69,7 +69,7 @@ def last_events(sweep_dir: Path) -> dict[str, dict]:
     """Each run's latest event in ``sweep_log.jsonl``."""
     events: dict[str, dict] = {}
     try:
-        lines = (sweep_dir / LOG).read_text().splitlines()
+        lines = (sweep_dir / SWEEP_LOG).read_text().splitlines()
     except OSError:
         return events
     for line in lines:
@@ -83,15 +83,15 @@ def last_events(sweep_dir: Path) -> dict[str, dict]:
 
 def read_records(sweep_dir: Path) -> dict[str, dict]:
     try:
-        return json.loads((sweep_dir / RECORDS).read_text())
+        return json.loads((sweep_dir / SLURM_RECORDS).read_text())
     except (OSError, ValueError):
         return {}
 
 
 def write_records(sweep_dir: Path, records: dict[str, dict]) -> None:
-    tmp = sweep_dir / f"{RECORDS}.{os.getpid()}.tmp"
+    tmp = sweep_dir / f"{SLURM_RECORDS}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(records, indent=1) + "\n")
-    os.replace(tmp, sweep_dir / RECORDS)
+    os.replace(tmp, sweep_dir / SLURM_RECORDS)
 
 
 def scheduler_states(sweep_dir: Path, records: dict[str, dict]) -> dict[str, str]:

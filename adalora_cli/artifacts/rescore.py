@@ -21,9 +21,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, RunConfig, load_config
+from ..config import ConfigError, RunConfig, load_config
+from ..rundir.layout import CONFIG, EVAL
+from ..rundir.run import write_json_atomic
 from .export import check_run
-from .rundir import CONFIG, EVAL, write_json_atomic
 
 EVAL_DIR = EVAL
 ALLOWED = ("task.", "train.eval_batch_size", "train.device", "train.precision")
@@ -56,7 +57,7 @@ def eval_name(cfg: RunConfig, overrides: list[str], name: str | None) -> str:
 
 def eval_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     """The run's config with the overrides, reading just one training row."""
-    from .engine.build import resolve_resources
+    from ..engine.build import resolve_resources
 
     trained = load_config(run_dir / CONFIG)
     cfg = resolve_resources(load_config(run_dir / CONFIG, overrides))
@@ -70,7 +71,7 @@ def eval_config(run_dir: Path, overrides: list[str]) -> RunConfig:
 
 def _train_source(trained: RunConfig, files: dict[str, str]) -> str:
     """A file for the (unused) training split: the run's own, else a file the user gave."""
-    from .tasks.data import find_split_files
+    from ..tasks.data import find_split_files
 
     t = trained.task
     if t.data_files and "train" in t.data_files:
@@ -86,9 +87,9 @@ def _train_source(trained: RunConfig, files: dict[str, str]) -> str:
 def rescore(run_dir: str | Path, overrides: list[str] | None = None,
             name: str | None = None, quiet: bool = False) -> Path:
     """Evaluate a finished run; returns the path of ``eval/<name>.json``."""
-    from .engine.build import autocast_factory, pick_device
-    from .tasks import get_task
-    from .weights import load_run
+    from ..engine.build import autocast_factory, pick_device
+    from ..tasks import get_task
+    from .load import load_run
 
     run_dir, overrides = Path(run_dir), list(overrides or [])
     check_run(run_dir)

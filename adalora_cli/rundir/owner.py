@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .rundir import HEARTBEAT, LAUNCH, STATUS
+from .layout import HEARTBEAT, LAUNCH, STATUS
 
 
 def heartbeat_seconds() -> float:

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import ConfigError, RunConfig
-from .methods.base import LinearWrapper, adapter_modules
+from ..config import ConfigError, RunConfig
+from ..methods.base import LinearWrapper, adapter_modules
 
 MERGEABLE = ("adalora", "lora", "bitfit", "full")
 

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import threads
-from .config import ConfigError, load_config
+from .. import threads
+from ..config import ConfigError, load_config
 
 app = typer.Typer(
     add_completion=False,
@@ -98,9 +98,9 @@ def train(
     Checkpoints go to RUN_DIR/checkpoints every train.save_every steps and on SIGTERM or
     SIGUSR1 (the run is then marked preempted, exit code 75); `adalora train --resume RUN_DIR`
     continues it exactly where it stopped."""
-    from .engine import build, loop  # heavy imports only once the arguments parse
-    from .lifecycle import die_with_parent
-    from .rundir import RunBusy
+    from ..engine import build, loop  # heavy imports only once the arguments parse
+    from ..rundir.owner import die_with_parent
+    from ..rundir.run import RunBusy
 
     die_with_parent()  # started by a sweep: stop (with a checkpoint) if the sweep dies
     _quiet_libraries()
@@ -117,8 +117,8 @@ def train(
                     raise ConfigError(f"--resume takes its config from {resume}; drop "
                                       f"{config!r} (only key=value overrides may follow)")
                 extra.insert(0, config)
-            from .config import resume_config
-            from .rundir import CONFIG
+            from ..config import resume_config
+            from ..rundir.layout import CONFIG
 
             loop.RunDir.check_claimable(resume)
             cfg = resume_config(resume / CONFIG, extra)
@@ -173,8 +173,8 @@ def _note(text: str) -> None:
 def _launch_ranks(nproc: int, cfg) -> int:
     """``adalora train ... --nproc N``: the same command on N processes (one machine; for
     several machines call torchrun yourself with ``-m adalora_cli``)."""
-    from .engine.distributed import World, per_rank_batch
-    from .engine.launch import launch
+    from ..engine.distributed import World, per_rank_batch
+    from ..engine.launch import launch
 
     if os.environ.get("WORLD_SIZE"):
         raise ConfigError("--nproc is for launching; under torchrun drop it (torchrun sets "
@@ -272,9 +272,9 @@ def sweep(
     Re-running the same sweep skips finished runs and resumes unfinished ones from their
     checkpoints; two sweeps on one sweep directory share the runs. On SLURM it submits
     only what is not finished, running or queued."""
-    from . import sweep as sweeps
-    from .sweep_launch import make_launcher
-    from .sweep_runner import SweepStopped, describe
+    from ..sweep import plan as sweeps
+    from ..sweep.launch import make_launcher
+    from ..sweep.local import SweepStopped, describe
 
     _quiet_libraries()
     try:
@@ -289,8 +289,8 @@ def sweep(
             _print_sweep_plan(describe(runs, where), where)
             return
         if status:  # issue 9
-            from .sweep_show import print_status
-            from .sweep_status import sweep_states
+            from ..sweep.show import print_status
+            from ..sweep.status import sweep_states
 
             print_status(sweep_states(runs, where), where, out())
             return
@@ -308,7 +308,7 @@ def sweep(
         _fail(f"{why}; running runs were checkpointed and are resumed when the sweep is "
               "started again", 130 if isinstance(e, KeyboardInterrupt) else 143)
     if launcher.name == "slurm":  # issue 9
-        from .sweep_show import print_submitted
+        from ..sweep.show import print_submitted
 
         print_submitted(outcomes, where, out())
         if any(o.status == "failed" for o in outcomes):
@@ -366,8 +366,8 @@ def report(
                              "(eval/NAME.json) instead of the training's"),
 ) -> None:
     """Tables (paper Tables 1-3, 9) and figures (3-5) from finished run directories."""
-    from .report import build_report
-    from .report_render import FORMATS
+    from ..report.render import FORMATS
+    from ..report.tables import build_report
 
     try:
         formats = list(FORMATS) if fmt == "all" else [f.strip() for f in fmt.split(",")]
@@ -401,7 +401,7 @@ def report(
 
 
 def _emit_report(result, formats: list[str], out_dir: Path | None, figures: bool) -> None:
-    from . import report_render as render
+    from ..report import render as render
 
     texts = {"markdown": ("report.md", render.render_markdown),
              "latex": ("report.tex", render.render_latex),
@@ -423,7 +423,7 @@ def _emit_report(result, formats: list[str], out_dir: Path | None, figures: bool
             (out_dir / "training_cost.csv").write_text(render.render_cost_csv(result))
             written.append(out_dir / "training_cost.csv")
     if out_dir is not None and figures:
-        from .figures import write_figures
+        from ..report.figures import write_figures
 
         pngs, warnings = write_figures(result, out_dir / "figures")
         for w in warnings:
@@ -465,7 +465,7 @@ def export(
                                  "folded into the weights: a plain transformers model)"),
 ) -> None:
     """Export a trained run as a PEFT adapter or a merged transformers model."""
-    from .export import export_run
+    from ..artifacts.export import export_run
 
     _quiet_libraries()
     info = _run_guarded(lambda: export_run(run_dir, fmt, out_dir))
@@ -497,7 +497,7 @@ def eval_run(
     """Score a finished run again, on its evaluation splits or on other data.
 
     Writes eval/<name>.json in the run directory; the training results stay as they were."""
-    from .rescore import rescore
+    from ..artifacts.rescore import rescore
 
     _quiet_libraries()
     path = _run_guarded(lambda: rescore(run_dir, overrides or [], name, quiet=quiet))
@@ -520,7 +520,7 @@ def predict_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Labels and scores (classification), answers (QA) or summaries, one JSON line per row."""
-    from .predict import predict
+    from ..artifacts.predict import predict
 
     _quiet_libraries()
     n = _run_guarded(lambda: predict(run_dir, input_path, output_path, batch_size=batch_size,

@@ -1,9 +1,9 @@
 """How a planned sweep is run: one small protocol, two launchers.
 
 - ``local`` (the default): today's pool of ``adalora train`` processes on this machine
-  (:mod:`adalora_cli.sweep_runner`), ``--jobs`` at once;
+  (:mod:`adalora_cli.sweep.local`), ``--jobs`` at once;
 - ``slurm``: one submitit job array on a SLURM cluster, one run per array task
-  (:mod:`adalora_cli.slurm_launcher`), shaped by ``--slurm key=value,...``.
+  (:mod:`adalora_cli.sweep.slurm`), shaped by ``--slurm key=value,...``.
 
 Both start each run the same way (start, or resume from its checkpoint, decided by its run
 directory), so a sweep can move between them: runs finished by one are skipped by the
@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from .config import ConfigError
-from .sweep import PlannedRun, SweepSpec
-from .sweep_runner import Outcome, execute
+from ..config import ConfigError
+from .local import Outcome, execute
+from .plan import PlannedRun, SweepSpec
 
 LAUNCHERS = ("local", "slurm")
 
@@ -59,7 +59,7 @@ def make_launcher(name: str, slurm: list[str] | None, jobs: int, wait: bool) -> 
     if jobs != 1:
         raise ConfigError("--jobs is for the local launcher; on SLURM cap the runs at once "
                           "with --slurm parallel=N")
-    from .slurm_launcher import SlurmLauncher
+    from .slurm import SlurmLauncher
     from .slurm_options import parse_slurm
 
     return SlurmLauncher(parse_slurm(slurm or []), wait=wait)

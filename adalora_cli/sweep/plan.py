@@ -5,7 +5,7 @@ from SPEC section 7, computed from the number n of matrices the model adapts (so
 level means the same mean final rank rbar = b(T) / n on DeBERTa, BART or the smoke model).
 A sweep comes from one config plus ``--budget/--methods/--seeds``, or from a manifest in
 ``experiments/`` (a YAML file with a ``runs:`` list of such groups). Running the plan lives
-in :mod:`adalora_cli.sweep_runner`; this module only decides what to run.
+in :mod:`adalora_cli.sweep.local`; this module only decides what to run.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from .config import METHODS, ConfigError, load_config, read_yaml
-from .tracking import check_trackers  # tracking (issue 12)
+from ..config import METHODS, ConfigError, load_config, read_yaml
+from ..tracking import check_trackers
 
 # SPEC section 7 table: AdaLoRA r0 for the tabulated rbar. ceil(1.5 * rbar) reproduces
 # 1 -> 2, 4 -> 6 and 8 -> 12, but gives 3 for rbar = 2 where the paper used 4.
@@ -219,7 +219,7 @@ def count_matrices(config: Path, overrides: list[str], cache: dict) -> int:
     cfg = load_config(config, [*overrides, "method.name=adalora"])
     key = (cfg.model.name_or_path, tuple(cfg.method.target_modules or ()))
     if key not in cache:
-        from .engine.build import dry_run  # heavy: only when a budget must be matched
+        from ..engine.build import dry_run  # heavy: only when a budget must be matched
         cache[key] = dry_run(cfg)["info"]["n_matrices"]
     return cache[key]
 

@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .config import ConfigError
+from ..config import ConfigError
 from .export import check_run
 
 
@@ -37,7 +37,7 @@ def _ids(ds) -> list[Any]:
 def _classify(task, model, tokenizer, ds, device) -> list[dict[str, Any]]:
     from transformers import DataCollatorWithPadding
 
-    from .tasks.data import require_columns
+    from ..tasks.data import require_columns
 
     require_columns(ds, list(task.spec.text_columns), "the input")
     batch = DataCollatorWithPadding(tokenizer)(list(task.encode(ds, tokenizer)))
@@ -54,8 +54,8 @@ def _classify(task, model, tokenizer, ds, device) -> list[dict[str, Any]]:
 def _answer(task, model, tokenizer, ds, device) -> list[dict[str, Any]]:
     from transformers import DataCollatorWithPadding
 
-    from .tasks.data import require_columns
-    from .tasks.squad_features import QAExample, build_features
+    from ..tasks.data import require_columns
+    from ..tasks.squad_features import QAExample, build_features
 
     require_columns(ds, ["question", "context"], "the input")
     ids = [str(i) for i in _ids(ds)]
@@ -73,7 +73,7 @@ def _answer(task, model, tokenizer, ds, device) -> list[dict[str, Any]]:
 
 @torch.no_grad()
 def _summarize(task, model, tokenizer, ds, device) -> list[dict[str, Any]]:
-    from .tasks.data import require_columns
+    from ..tasks.data import require_columns
 
     column = task.spec.source_column
     require_columns(ds, [column], "the input")
@@ -92,9 +92,9 @@ def _no_autocast():
 
 
 def _family(task):
-    from .tasks.glue import TextClassificationTask
-    from .tasks.squad import SquadTask
-    from .tasks.summarization import SummarizationTask
+    from ..tasks.glue import TextClassificationTask
+    from ..tasks.squad import SquadTask
+    from ..tasks.summarization import SummarizationTask
 
     if isinstance(task, TextClassificationTask):
         return _classify
@@ -108,10 +108,10 @@ def _family(task):
 def predict(run_dir: str | Path, input_path: str | Path, output_path: str | Path, *,
             batch_size: int = 32, device: str = "cpu", quiet: bool = False) -> int:
     """Write one prediction per input row to ``output_path`` (jsonl); returns the row count."""
-    from .engine.build import pick_device
-    from .tasks import get_task
-    from .tasks.data import read_table
-    from .weights import load_run
+    from ..engine.build import pick_device
+    from ..tasks import get_task
+    from ..tasks.data import read_table
+    from .load import load_run
 
     run_dir, output_path = Path(run_dir), Path(output_path)
     check_run(run_dir)

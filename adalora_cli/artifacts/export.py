@@ -13,7 +13,6 @@ hyperparameters.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import tempfile
@@ -21,33 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
-from .config import ConfigError, RunConfig
-from .export_peft import head_modules
-from .methods.base import MethodHandle
-from .rundir import SUMMARY, RunDir, is_finished
+from ..config import ConfigError
+from ..rundir.layout import SUMMARY
+from ..rundir.run import RunDir, is_finished
 
 FORMATS = ("peft", "merged")
-
-_HYPERPARAMETERS = {"adalora": "adalora", "lora": "lora", "houlsby": "adapter",
-                    "pfeiffer": "adapter"}
-"""Method -> the config section holding its hyperparameters (BitFit and full have none)."""
-
-
-def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> dict[str, Any]:
-    """What an export needs to know about a run, recorded when it finishes."""
-    section = _HYPERPARAMETERS.get(cfg.method.name)
-    return {
-        "base_model": cfg.model.name_or_path,
-        "revision": getattr(getattr(model, "config", None), "_commit_hash", None),
-        "model_class": type(model).__name__,
-        "model_type": getattr(getattr(model, "config", None), "model_type", None),
-        "target_modules": [path for path, _ in handle.layers],
-        "head_modules": head_modules(model),
-        "hyperparameters": dataclasses.asdict(getattr(cfg, section)) if section else {},
-    }
-
 
 def check_run(run_dir: Path) -> dict[str, Any]:
     """The summary of a finished run; anything else is a one-line ConfigError."""
@@ -90,16 +67,16 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path) -> dict[str, Any]
     check_destination(out)
     method = summary.get("method")
     if fmt == "peft":
-        from .export_peft import check_peft_method, write_peft
+        from .peft import check_peft_method, write_peft
 
         check_peft_method(method)
         writer = write_peft
     else:
-        from .export_merged import check_merge_method, write_merged
+        from .merged import check_merge_method, write_merged
 
         check_merge_method(method)
         writer = write_merged
-    from .weights import load_run
+    from .load import load_run
 
     model, tokenizer, cfg = load_run(run_dir, "cpu")
     model.eval()

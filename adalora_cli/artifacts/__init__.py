@@ -1,0 +1,1 @@
+"""Using a finished run: load it back, export (PEFT, merged), re-score, predict."""

@@ -1,0 +1,45 @@
+"""Saving trained weights and loading a finished run back into a model.
+
+Parameter-efficient runs save only what was trained (adapter + task head) as
+``adapter_model.safetensors``; masked AdaLoRA singular values are saved as the zeros
+they are, so the rank pattern travels with the weights. ``full`` saves the whole model
+with ``save_pretrained``. ``load_run`` rebuilds the model from ``config.yaml`` and loads
+the weights back, which is all a later evaluation or resume needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from ..config import load_config
+from ..engine.build import load_model, resolve_resources, seed_everything
+from ..methods import apply_method
+from ..rundir.layout import CONFIG, FULL_MODEL, WEIGHTS
+from ..tasks import get_task
+
+
+def load_run(run_dir: str | Path, device: str = "cpu"):
+    """Rebuild a finished run's model with its trained weights: ``(model, tokenizer, cfg)``."""
+    run_dir = Path(run_dir)
+    cfg = resolve_resources(load_config(run_dir / CONFIG))
+    if cfg.method.name == "full":
+        cfg = dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, name_or_path=str(run_dir / FULL_MODEL)))
+    # Weights a checkpoint lacks (e.g. BERT's pooler in a masked-LM checkpoint) are freshly
+    # initialized and stay frozen, so they are not saved: replay the run's seed so that
+    # the rebuilt model draws the same values.
+    seed_everything(cfg.train.seed)
+    task = get_task(cfg)
+    model, tokenizer = load_model(task, cfg)
+    if cfg.method.name != "full":
+        apply_method(model, cfg, None)
+        state = load_file(str(run_dir / WEIGHTS))
+        missing = set(state) - {name for name, _ in model.named_parameters()}
+        if missing:
+            raise ValueError(f"{run_dir / WEIGHTS} holds tensors the rebuilt model lacks: "
+                             f"{sorted(missing)[:3]}")
+        model.load_state_dict(state, strict=False)
+    return model.to(device), tokenizer, cfg

@@ -1,0 +1,131 @@
+"""What a finished run leaves behind besides its logs: the trained weights and the facts an
+export needs (base model, adapted modules, hyperparameters).
+
+The engine writes these; ``artifacts/`` reads them back. Parameter-efficient runs save only
+what was trained (adapter + task head) as ``adapter_model.safetensors``; masked AdaLoRA
+singular values are saved as the zeros they are, so the rank pattern travels with the
+weights. ``full`` saves the whole model with ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from ..config import RunConfig
+from ..methods.base import MethodHandle, head_parameters
+from ..rundir.layout import ALLOCATOR_STATE, FULL_MODEL, HEATMAP, RANK_PATTERN, WEIGHTS
+from ..rundir.run import RunDir
+
+if TYPE_CHECKING:
+    from .build import Built
+
+_HYPERPARAMETERS = {"adalora": "adalora", "lora": "lora", "houlsby": "adapter",
+                    "pfeiffer": "adapter"}
+"""Method -> the config section holding its hyperparameters (BitFit and full have none)."""
+
+
+
+def trained_state(model: nn.Module, handle: MethodHandle) -> dict[str, torch.Tensor]:
+    """Trainable tensors by their parameter name in ``model`` (no duplicates)."""
+    wanted = {id(p) for p in handle.trainable}
+    state, seen = {}, set()
+    for name, p in model.named_parameters():
+        if id(p) in wanted and id(p) not in seen:
+            seen.add(id(p))
+            state[name] = p.detach().to("cpu").contiguous()
+    return state
+
+
+def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Path,
+                 tokenizer: Any = None) -> dict[str, Any]:
+    """Write the weights into the run directory; returns what was written for the summary."""
+    written: dict[str, Any] = {}
+    if cfg.method.name == "full":
+        model.save_pretrained(out / FULL_MODEL, safe_serialization=True)
+        if tokenizer is not None:  # so model/ loads on its own, like any checkpoint
+            tokenizer.save_pretrained(out / FULL_MODEL)
+        written["model_dir"] = FULL_MODEL
+    else:
+        state = trained_state(model, handle)
+        save_file(state, str(out / WEIGHTS), metadata={"method": cfg.method.name})
+        written["file"] = WEIGHTS
+        written["tensors"] = len(state)
+    allocator = handle.allocator
+    if allocator is not None:
+        torch.save(allocator.state_dict(), out / ALLOCATOR_STATE)
+        written["allocator_state"] = ALLOCATOR_STATE
+    return written
+
+
+def head_modules(model: nn.Module) -> list[str]:
+    """Top-level modules holding the task head (outside ``model.base_model``)."""
+    head = {id(p) for p in head_parameters(model)}
+    return list(dict.fromkeys(name.split(".", 1)[0] for name, p in model.named_parameters()
+                              if id(p) in head))
+
+
+def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> dict[str, Any]:
+    """What an export needs to know about a run, recorded when it finishes."""
+    section = _HYPERPARAMETERS.get(cfg.method.name)
+    return {
+        "base_model": cfg.model.name_or_path,
+        "revision": getattr(getattr(model, "config", None), "_commit_hash", None),
+        "model_class": type(model).__name__,
+        "model_type": getattr(getattr(model, "config", None), "model_type", None),
+        "target_modules": [path for path, _ in handle.layers],
+        "head_modules": head_modules(model),
+        "hyperparameters": dataclasses.asdict(getattr(cfg, section)) if section else {},
+    }
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
+                    epochs: float) -> dict[str, Any]:
+    """Write a finished run's outputs (rank pattern, heatmap, weights); return the summary."""
+    cfg, handle = built.cfg, built.handle
+    status = RunDir.read_status(run.path) or {}
+    summary: dict[str, Any] = {
+        "task": cfg.task.name,
+        "method": cfg.method.name,
+        "model": cfg.model.name_or_path,
+        "seed": cfg.train.seed,
+        "adapter_params": handle.adapter_params,
+        "head_params": handle.head_params,
+        "n_matrices": handle.n_matrices,
+        "total_steps": built.steps,
+        "metrics": results,
+        "train_seconds": round(train_seconds, 2),
+        "peak_memory_bytes": _peak_memory(built.device),
+        "device": str(built.device),
+        "epochs": round(epochs, 4),
+        "budget_level": cfg.sweep.budget_level,
+        "attempts": int(status.get("attempt", 1)),
+        "export": export_facts(cfg, built.model, handle),  # base model, targets, hparams
+    }
+    allocator = handle.allocator
+    if allocator is not None:
+        pattern = allocator.rank_pattern()
+        run.write_json(RANK_PATTERN, pattern)
+        summary["final_adapter_params"] = allocator.final_adapter_params()
+        summary["final_budget"] = sum(pattern.values())
+        from ..heatmap import plot_rank_heatmap  # matplotlib: only when a heatmap is drawn
+
+        plot_rank_heatmap(pattern, run.path / HEATMAP,
+                          title=f"{cfg.task.name} {cfg.method.name}: final ranks "
+                                f"(budget {sum(pattern.values())})")
+    if cfg.train.save_weights:
+        summary["weights"] = save_weights(built.model, handle, cfg, run.path, built.tokenizer)
+    return summary

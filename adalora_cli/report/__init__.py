@@ -1,0 +1,1 @@
+"""Reports from run directories: typed run records, tables, rendering, figures. No torch."""

@@ -1,0 +1,1 @@
+"""The run directory and the sweep directory: file layout, ownership, the RunDir."""

@@ -1,0 +1,1 @@
+"""Sweeps: plan the grid, launch it (locally or on SLURM), show its status."""
