@@ -134,7 +134,7 @@ def test_dry_run_ends_with_json(in_repo):
 def cli_subprocess(*args: str, cwd: Path = ROOT):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("ADALORA_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "adalora_cli.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "adalora_cli", *args], cwd=cwd,
                           capture_output=True, text=True, env=env, timeout=300, check=False)
 
 
@@ -186,7 +186,7 @@ def test_sigterm_preempts_with_a_checkpoint(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "adalora_cli.cli", "train", SMOKE, "method.name=lora",
+        [sys.executable, "-m", "adalora_cli", "train", SMOKE, "method.name=lora",
          "train.epochs=400", "--run-dir", str(out), "--quiet"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120

@@ -107,7 +107,7 @@ def test_a_multi_gpu_job_is_one_torchrun(tmp_path):
     assert cmd[6:] == ["adalora_cli.cli", "train", SMOKE, "method.name=lora", "--run-dir",
                        str(tmp_path / "r"), "--quiet"]
     assert train_command(run, tmp_path / "r", resume=True)[1:] == [
-        "-m", "adalora_cli.cli", "train", "--resume", str(tmp_path / "r"), "--quiet"]
+        "-m", "adalora_cli", "train", "--resume", str(tmp_path / "r"), "--quiet"]
 
 
 @pytest.mark.parametrize("args, fragment", [

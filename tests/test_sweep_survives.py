@@ -21,7 +21,7 @@ SMOKE = "configs/smoke/glue.yaml"
 
 def sweep_process(*args: str) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "adalora_cli.cli", "sweep", SMOKE, *args],
+    return subprocess.Popen([sys.executable, "-m", "adalora_cli", "sweep", SMOKE, *args],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -82,7 +82,7 @@ def test_a_stopped_sweep_leaves_no_orphans(tmp_path, how):
     assert status["status"] == "preempted", status
     assert gone(child, within=30)  # the training process ended, it is no orphan
     assert (run / "checkpoints" / f"step-{status['step']:07d}").is_dir()
-    plan = subprocess.run([sys.executable, "-m", "adalora_cli.cli", "sweep", SMOKE,
+    plan = subprocess.run([sys.executable, "-m", "adalora_cli", "sweep", SMOKE,
                            "--methods", "lora", "--seeds", "0", "train.epochs=400",
                            "--sweep-dir", str(where), "--dry-run"], cwd=ROOT,
                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},

@@ -176,7 +176,7 @@ class _Job:
         self.run, self.gpu, self.start = run, gpu, time.perf_counter()
         self.log = sweep_dir / "logs" / f"{run.name}.log"
         self.run_dir = sweep_dir / run.name
-        train = [sys.executable, "-m", "adalora_cli.cli", "train"]
+        train = [sys.executable, "-m", "adalora_cli", "train"]
         cmd = ([*train, "--resume", str(self.run_dir), "--quiet"] if resume else
                [*train, str(run.config), *run.overrides, "--run-dir", str(self.run_dir),
                 "--quiet"])

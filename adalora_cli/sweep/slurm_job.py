@@ -46,9 +46,9 @@ def train_command(run: PlannedRun, run_dir: Path, resume: bool, nproc: int = 1) 
     """``adalora train`` for this run; with ``nproc`` > 1 under torchrun, one rank a GPU."""
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc_per_node={nproc}", "-m", "adalora_cli.cli", "train"]
+                    f"--nproc_per_node={nproc}", "-m", "adalora_cli", "train"]
     else:
-        launcher = [sys.executable, "-m", "adalora_cli.cli", "train"]
+        launcher = [sys.executable, "-m", "adalora_cli", "train"]
     if resume:
         return [*launcher, "--resume", str(run_dir), "--quiet"]
     return [*launcher, str(run.config), *run.overrides, "--run-dir", str(run_dir), "--quiet"]
