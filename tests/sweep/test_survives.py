@@ -15,7 +15,7 @@ import pytest
 
 from adalora_cli.rundir.run import RunDir, is_finished
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = "configs/smoke/glue.yaml"
 
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from adalora_cli.artifacts.load import load_run
 from adalora_cli.cli import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SST2 = ROOT / "tests/fixtures/glue/sst2/validation.jsonl"
 XSUM = ROOT / "tests/fixtures/summarization/xsum/validation.jsonl"
 SQUAD = ROOT / "tests/fixtures/squad/v2/validation.jsonl"

@@ -26,7 +26,7 @@ from adalora_cli.cli import app
 # the same way.
 pytestmark = pytest.mark.filterwarnings("ignore:The following rank_pattern keys")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY_BERT = str(ROOT / "tests/fixtures/tiny-bert")
 TINY_BART = str(ROOT / "tests/fixtures/tiny-bart")
 

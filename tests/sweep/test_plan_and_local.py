@@ -26,7 +26,7 @@ from adalora_cli.sweep.plan import (
     size_overrides,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = "configs/smoke/glue.yaml"
 DEBERTA = ("microsoft/deberta-v3-base", ())  # the n cache key: model, target modules
 runner = CliRunner()

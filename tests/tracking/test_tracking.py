@@ -21,9 +21,9 @@ from adalora_cli.config import load_config
 from adalora_cli.heatmap import heatmap_png
 from adalora_cli.rundir.run import read_metrics
 from adalora_cli.tracking import Trackers, fanout
-from tests.wandb_records import read_run
+from tests.tracking.wandb_records import read_run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke" / "glue.yaml"
 EXPERIMENT = "tracking-tests"
 Q0 = "bert.encoder.layer.0.attention.self.query"

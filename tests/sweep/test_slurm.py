@@ -25,7 +25,7 @@ from adalora_cli.sweep.slurm_job import train_command
 from adalora_cli.sweep.slurm_options import parse_slurm, parse_time
 from adalora_cli.sweep.status import RunStatus, _combine, sweep_states
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = "configs/smoke/glue.yaml"
 runner = CliRunner()
 
@@ -104,7 +104,7 @@ def test_a_multi_gpu_job_is_one_torchrun(tmp_path):
     cmd = train_command(run, tmp_path / "r", resume=False, nproc=4)
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
                         "-m"]
-    assert cmd[6:] == ["adalora_cli.cli", "train", SMOKE, "method.name=lora", "--run-dir",
+    assert cmd[6:] == ["adalora_cli", "train", SMOKE, "method.name=lora", "--run-dir",
                        str(tmp_path / "r"), "--quiet"]
     assert train_command(run, tmp_path / "r", resume=True)[1:] == [
         "-m", "adalora_cli", "train", "--resume", str(tmp_path / "r"), "--quiet"]
