@@ -22,9 +22,6 @@ class ConfigError(ValueError):
     """A config problem, phrased as one line that names the problem and the fix."""
 
 
-METHODS = ("adalora", "lora", "houlsby", "pfeiffer", "bitfit", "full")
-
-
 @dataclass(frozen=True)
 class TaskConfig:
     """What to learn and where the data comes from."""
@@ -77,8 +74,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class MethodConfig:
-    name: Literal["adalora", "lora", "houlsby", "pfeiffer", "bitfit", "full"] = "adalora"
-    """Fine-tuning method (SPEC section 6)."""
+    name: str = "adalora"
+    """Fine-tuning method: a name in ``adalora_cli.methods.registry.METHODS`` (adalora, lora,
+    houlsby, pfeiffer, bitfit, full). Checked there, since config sits below the methods
+    (like task.name, which the task registry checks)."""
     target_modules: list[str] | None = None
     """Linear modules to adapt, matched as a suffix of the module path; None = the
     defaults for the model type (DeBERTa-v2/v3, BERT, BART: every attention and FFN matrix)."""

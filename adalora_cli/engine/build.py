@@ -24,6 +24,7 @@ from ..config import ConfigError, RunConfig
 from ..methods import apply_method, parameter_table
 from ..methods.base import MethodHandle
 from ..methods.budget_params import budget_info
+from ..methods.registry import check_method
 from ..tasks import get_task
 from ..tasks.base import Task, TaskData
 from .distributed import World
@@ -134,6 +135,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
         torch.cuda.set_device(device)
     resolved = resolve_resources(cfg)
     seed_everything(cfg.train.seed)
+    check_method(cfg)  # an unknown method name fails before the model is loaded
     task = get_task(resolved)
     model, tokenizer = load_model(task, resolved)
     data = task.load_data(tokenizer)
@@ -147,6 +149,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
 def dry_run(cfg: RunConfig) -> dict[str, Any]:
     """Build model and method, train nothing; the per-module table plus the totals."""
     cfg = resolve_resources(cfg)
+    check_method(cfg)
     model, _ = load_model(get_task(cfg), cfg)
     handle = apply_method(model, cfg, None)
     table = parameter_table(model)

@@ -20,16 +20,14 @@ from torch import nn
 
 from ..config import RunConfig
 from ..methods.base import MethodHandle, head_parameters
+from ..methods.registry import config_digest, method_spec
 from ..rundir.layout import ALLOCATOR_STATE, FULL_MODEL, HEATMAP, RANK_PATTERN, WEIGHTS
 from ..rundir.run import RunDir
+from ..rundir.summary import Summary
+from ..tasks.columns import task_report
 
 if TYPE_CHECKING:
     from .build import Built
-
-_HYPERPARAMETERS = {"adalora": "adalora", "lora": "lora", "houlsby": "adapter",
-                    "pfeiffer": "adapter"}
-"""Method -> the config section holding its hyperparameters (BitFit and full have none)."""
-
 
 
 def trained_state(model: nn.Module, handle: MethodHandle) -> dict[str, torch.Tensor]:
@@ -47,7 +45,7 @@ def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Pa
                  tokenizer: Any = None) -> dict[str, Any]:
     """Write the weights into the run directory; returns what was written for the summary."""
     written: dict[str, Any] = {}
-    if cfg.method.name == "full":
+    if method_spec(cfg.method.name).saves_whole_model:
         model.save_pretrained(out / FULL_MODEL, safe_serialization=True)
         if tokenizer is not None:  # so model/ loads on its own, like any checkpoint
             tokenizer.save_pretrained(out / FULL_MODEL)
@@ -73,7 +71,7 @@ def head_modules(model: nn.Module) -> list[str]:
 
 def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> dict[str, Any]:
     """What an export needs to know about a run, recorded when it finishes."""
-    section = _HYPERPARAMETERS.get(cfg.method.name)
+    section = method_spec(cfg.method.name).section  # BitFit and full have none
     return {
         "base_model": cfg.model.name_or_path,
         "revision": getattr(getattr(model, "config", None), "_commit_hash", None),
@@ -93,39 +91,43 @@ def _peak_memory(device: torch.device) -> int:
 
 
 def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
-                    epochs: float) -> dict[str, Any]:
-    """Write a finished run's outputs (rank pattern, heatmap, weights); return the summary."""
+                  epochs: float) -> dict[str, Any]:
+    """Write a finished run's outputs (rank pattern, heatmap, weights); return the summary
+    as the dict of a :class:`~adalora_cli.rundir.summary.Summary` (the loop adds to it)."""
     cfg, handle = built.cfg, built.handle
     status = RunDir.read_status(run.path) or {}
-    summary: dict[str, Any] = {
-        "task": cfg.task.name,
-        "method": cfg.method.name,
-        "model": cfg.model.name_or_path,
-        "seed": cfg.train.seed,
-        "adapter_params": handle.adapter_params,
-        "head_params": handle.head_params,
-        "n_matrices": handle.n_matrices,
-        "total_steps": built.steps,
-        "metrics": results,
-        "train_seconds": round(train_seconds, 2),
-        "peak_memory_bytes": _peak_memory(built.device),
-        "device": str(built.device),
-        "epochs": round(epochs, 4),
-        "budget_level": cfg.sweep.budget_level,
-        "attempts": int(status.get("attempt", 1)),
-        "export": export_facts(cfg, built.model, handle),  # base model, targets, hparams
-    }
+    summary = Summary(
+        task=cfg.task.name,
+        method=cfg.method.name,
+        model=cfg.model.name_or_path,
+        seed=cfg.train.seed,
+        adapter_params=handle.adapter_params,
+        head_params=handle.head_params,
+        n_matrices=handle.n_matrices,
+        total_steps=built.steps,
+        metrics=results,
+        train_seconds=round(train_seconds, 2),
+        peak_memory_bytes=_peak_memory(built.device),
+        device=str(built.device),
+        epochs=round(epochs, 4),
+        budget_level=cfg.sweep.budget_level,
+        attempts=int(status.get("attempt", 1)),
+        size=method_spec(cfg.method.name).size_label(cfg, cfg.sweep.budget_level),
+        config_digest=config_digest(cfg),
+        report=task_report(cfg.task.name, results),
+        export=export_facts(cfg, built.model, handle),  # base model, targets, hparams
+    )
     allocator = handle.allocator
     if allocator is not None:
         pattern = allocator.rank_pattern()
         run.write_json(RANK_PATTERN, pattern)
-        summary["final_adapter_params"] = allocator.final_adapter_params()
-        summary["final_budget"] = sum(pattern.values())
+        summary.final_adapter_params = allocator.final_adapter_params()
+        summary.final_budget = sum(pattern.values())
         from ..heatmap import plot_rank_heatmap  # matplotlib: only when a heatmap is drawn
 
         plot_rank_heatmap(pattern, run.path / HEATMAP,
                           title=f"{cfg.task.name} {cfg.method.name}: final ranks "
                                 f"(budget {sum(pattern.values())})")
     if cfg.train.save_weights:
-        summary["weights"] = save_weights(built.model, handle, cfg, run.path, built.tokenizer)
-    return summary
+        summary.weights = save_weights(built.model, handle, cfg, run.path, built.tokenizer)
+    return summary.to_dict()

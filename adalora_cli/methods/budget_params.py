@@ -18,6 +18,7 @@ from torch import nn
 
 from ..config import RunConfig
 from .base import MethodHandle
+from .registry import method_spec
 
 
 def triplet_costs(layers: Sequence[tuple[str, nn.Module]]) -> list[tuple[int, int]]:
@@ -55,8 +56,6 @@ def final_budget_params(costs: list[tuple[int, int]], budget: int) -> dict[str, 
 
 def budget_info(cfg: RunConfig, handle: MethodHandle) -> dict[str, Any]:
     """For a pruning method (AdaLoRA, prune-LoRA): the parameters b(T) keeps (dry run)."""
-    pruning = cfg.adalora.prune if cfg.method.name == "adalora" else (
-        cfg.method.name == "lora" and cfg.lora.prune)
-    if not pruning:
+    if not method_spec(cfg.method.name).prunes(cfg):
         return {}
     return final_budget_params(triplet_costs(handle.layers), cfg.adalora.budget)

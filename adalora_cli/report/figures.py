@@ -7,8 +7,10 @@
   mean over seeds with the min-max band. The paper plots the squared norms of single
   matrices; R is what the loss used (SPEC section 2), so it is what we logged.
 
-A run whose rank pattern or metrics file is malformed is left out of its figure with a
-warning; it never stops the others.
+Figures group runs exactly as the tables do: one curve or heatmap per experiment (runs that
+differ only in their seed), labelled with the config values that set it apart, if any. A run
+whose rank pattern or metrics file is malformed is left out of its figure with a warning; it
+never stops the others.
 """
 
 from __future__ import annotations
@@ -40,12 +42,18 @@ def _slug(*parts: object) -> str:
 
 
 def _setting(run: Run) -> tuple:
-    return (run.task, run.method, run.budget_level, run.size)
+    return (run.task, run.method, run.budget_level, run.size, run.variant)
 
 
-def _setting_name(method: str, level: int | None, size: str) -> str:
+def _variant_words(variant: tuple[tuple[str, str], ...]) -> str:
+    return " ".join(f"{k}={v}" for k, v in variant)
+
+
+def _setting_name(method: str, level: int | None, size: str,
+                  variant: tuple[tuple[str, str], ...] = ()) -> str:
     name = METHOD_NAMES.get(method, method)
-    return f"{name} b(T)={level}" if level is not None else f"{name} {size}".strip()
+    base = f"{name} b(T)={level}" if level is not None else f"{name} {size}".strip()
+    return f"{base} {_variant_words(variant)}".strip()
 
 
 def mean_rank_pattern(patterns: list[dict[str, float]]) -> dict[str, float]:
@@ -67,7 +75,7 @@ def rank_heatmaps(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]
             warnings.append(f"{file}: not a {{module: rank}} mapping; left out of Figure 3")
     paths = []
     plt = _plt()
-    for (task, method, level, size), patterns in sorted(groups.items(), key=str):
+    for (task, method, level, size, variant), patterns in sorted(groups.items(), key=str):
         rows, cols, grid = rank_grid(mean_rank_pattern(patterns))
         fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * len(cols) + 2), 0.5 * len(rows) + 1.6))
         image = ax.imshow(grid, cmap="YlGn", aspect="auto", vmin=0)
@@ -80,9 +88,10 @@ def rank_heatmaps(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]
                     if value == value:  # not nan
                         ax.text(c, r, f"{value:.1f}", ha="center", va="center", fontsize=6)
         fig.colorbar(image, ax=ax, label="final rank (mean over seeds)")
-        ax.set_title(f"{task} {_setting_name(method, level, size)}: final rank, "
+        ax.set_title(f"{task} {_setting_name(method, level, size, variant)}: final rank, "
                      f"mean of {len(patterns)} seed(s)", fontsize=9)
-        name = _slug(task, method, f"b{level}" if level is not None else size)
+        name = _slug(task, method, f"b{level}" if level is not None else size,
+                     *(f"{k}={v}" for k, v in variant))
         paths.append(_save(fig, out / f"fig3_rank_{name}.png"))
     return paths
 
@@ -95,16 +104,19 @@ def budget_curves(tables: list[Table], out: Path) -> list[Path]:
             cols = [c for c in table.columns if c.task == task]
             fig, axes = plt.subplots(1, len(cols), figsize=(4.2 * len(cols), 3.4), squeeze=False)
             for ax, col in zip(axes[0], cols):
-                by_method: dict[str, list] = defaultdict(list)
+                # one line per method and distinguishing config (e.g. one per lr)
+                by_method: dict[tuple, list] = defaultdict(list)
                 for row in table.rows:
                     cell = row.cells.get(col.key)
                     if cell is not None:
-                        by_method[row.method].append((row.params, cell.mean, cell.std or 0.0))
-                for method, points in by_method.items():
+                        by_method[(row.method, row.variant)].append(
+                            (row.params, cell.mean, cell.std or 0.0))
+                for (method, variant), points in by_method.items():
                     points.sort()
                     x, y, err = zip(*points)
+                    name = METHOD_NAMES.get(method, method)
                     ax.errorbar(x, y, yerr=err, marker="o", capsize=3,
-                                label=METHOD_NAMES.get(method, method))
+                                label=f"{name} {_variant_words(variant)}".strip())
                 xs = [p for pts in by_method.values() for p, _, _ in pts if p > 0]
                 if xs and max(xs) > 10 * min(xs):
                     ax.set_xscale("log")
@@ -133,11 +145,12 @@ def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
     paths = []
     for task, settings in sorted(curves.items()):
         fig, ax = plt.subplots(figsize=(6, 3.6))
-        for (method, level, size), runs_series in sorted(settings.items(), key=str):
+        for (method, level, size, variant), runs_series in sorted(settings.items(), key=str):
             steps = sorted(set.intersection(*(set(s) for s in runs_series)))
             values = [[s[t] for s in runs_series] for t in steps]
             ax.plot(steps, [statistics.fmean(v) for v in values],
-                    label=f"{_setting_name(method, level, size)} ({len(runs_series)} seeds)")
+                    label=f"{_setting_name(method, level, size, variant)} "
+                          f"({len(runs_series)} seeds)")
             ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
         ax.set_yscale("log")
         ax.set_xlabel("optimizer step")

@@ -63,13 +63,15 @@ def _level(level: int | None) -> str:
 def _grid(table: Table, show_paper: bool) -> tuple[list[str], list[tuple[str, list[Out]]]]:
     """Headers and (kind, cells) lines; kind is 'ours', 'paper' or 'diff'."""
     keys = [c.key for c in table.columns] + ([ALL_AVE] if table.has_all_ave else [])
-    headers = ["Method", "# Params", "b(T)"] + [f"{c.title} {c.label}" for c in table.columns]
+    headers = ["Method", "# Params", "b(T)", *table.differs]
+    headers += [f"{c.title} {c.label}" for c in table.columns]
     headers += [ALL_AVE] if table.has_all_ave else []
     best = {k: table.best(k) for k in keys}
     lines = []
     for row in table.rows:
         cells = [Out(text=row.label), Out(text=fmt_params(row.params)),
                  Out(text=_level(row.budget_level))]
+        cells += [Out(text=row.shown(k)) for k in table.differs]
         for key in keys:
             value = row.all_ave if key == ALL_AVE else row.cells.get(key)
             mean = value.mean if isinstance(value, Cell) else value
@@ -88,8 +90,9 @@ def _paper_lines(table: Table, row: Row, keys: list[str]) -> list[tuple[str, lis
         return []
     ours = {k: row.all_ave if k == ALL_AVE else (row.cells[k].mean if k in row.cells else None)
             for k in keys}
-    label = [Out(text="paper"), Out(), Out()]
-    delta = [Out(text="Δ vs paper"), Out(), Out()]
+    blank = [Out() for _ in range(2 + len(table.differs))]
+    label = [Out(text="paper"), *blank]
+    delta = [Out(text="Δ vs paper"), *[Out() for _ in blank]]
     for key in keys:
         p = paper.get(key)
         label.append(Out(p))
@@ -114,23 +117,34 @@ def _text(c: Out, style: str) -> str:
 
 def _comparison_grid(report: Report, table: Table) -> tuple[list[str], list[list[str]]]:
     comps = [c for c in report.comparisons if c.table is table]
-    headers = ["Method", "b(T)", "vs"] + [f"{c.title} {c.label}" for c in table.columns]
+    headers = ["Method", "b(T)", *table.differs, "vs"]
+    headers += [f"{c.title} {c.label}" for c in table.columns]
     rows: dict[int, list[str]] = {}
+    first = 3 + len(table.differs)
     for comp in comps:
-        line = rows.setdefault(id(comp.row), [comp.row.label, _level(comp.row.budget_level),
-                                              comp.baseline.label] + [""] * len(table.columns))
-        i = 3 + [c.key for c in table.columns].index(comp.column)
+        line = rows.setdefault(id(comp.row), [
+            comp.row.label, _level(comp.row.budget_level),
+            *[comp.row.shown(k) for k in table.differs],
+            comp.baseline.label] + [""] * len(table.columns))
+        i = first + [c.key for c in table.columns].index(comp.column)
         line[i] = f"{comp.diff:+.2f} (p {fmt_p(comp.p)})"
     return headers, list(rows.values())
 
 
+def _differs(report: Report) -> list[str]:
+    return list(dict.fromkeys(k for t in report.tables for k in t.differs))
+
+
 def _cost_grid(report: Report) -> tuple[list[str], list[list[str]]]:
-    headers = ["Task", "Method", "b(T)", "# Params", "Mem GiB", "s/epoch", "Device", "Runs"]
+    differs = _differs(report)
+    headers = ["Task", "Method", "b(T)", *differs, "# Params", "Mem GiB", "s/epoch", "Device",
+               "Runs"]
     if report.show_paper:
         headers += ["Paper GB", "Paper min/epoch"]
     lines = []
     for c in report.cost:
-        line = [c.task, c.row.label, _level(c.row.budget_level), fmt_params(c.row.params),
+        line = [c.task, c.row.label, _level(c.row.budget_level),
+                *[c.row.shown(k) for k in differs], fmt_params(c.row.params),
                 f"{c.memory_gib:.3f}" if c.memory_gib is not None else "",
                 _seconds(c.seconds_per_epoch),
                 c.device, str(len(c.row.runs))]
@@ -217,8 +231,9 @@ def render_csv(report: Report) -> str:
     """Long form: one line per table row and column, with paper values and the LoRA test."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["table", "method", "label", "budget_level", "size", "params", "column",
-                "mean", "std", "n", "best", "paper", "diff_vs_paper", "diff_vs_lora",
+    differs = _differs(report)  # config columns that tell rows apart, when any do
+    w.writerow(["table", "method", "label", "budget_level", "size", *differs, "params",
+                "column", "mean", "std", "n", "best", "paper", "diff_vs_paper", "diff_vs_lora",
                 "p_vs_lora"])
     comps = {(id(c.row), c.column): c for c in report.comparisons}
     for table in report.tables:
@@ -232,7 +247,8 @@ def render_csv(report: Report) -> str:
                 paper = row.paper(key) if key != ALL_AVE or table.paper_all_ave else None
                 comp = comps.get((id(row), key))
                 w.writerow([table.family, row.method, row.label, _level(row.budget_level),
-                            row.size, f"{row.params:.0f}", key, f"{mean:.4f}",
+                            row.size, *[row.shown(k) for k in differs], f"{row.params:.0f}",
+                            key, f"{mean:.4f}",
                             f"{cell.std:.4f}" if cell and cell.std is not None else "",
                             cell.n if cell else "", int(mean == table.best(key)),
                             "" if paper is None else paper,
@@ -255,8 +271,8 @@ def render_rich(report: Report, console: Console) -> None:
         headers, lines = _grid(table, report.show_paper)
         rt = RichTable(title=table.title, caption="mean ± std (seeds); best in bold green")
         for i, h in enumerate(headers):
-            rt.add_column(h.replace(" ", "\n", 1) if i > 2 else h, justify="left" if i == 0
-                          else "right")
+            rt.add_column(h.replace(" ", "\n", 1) if i > 2 + len(table.differs) else h,
+                          justify="left" if i == 0 else "right")
         for kind, cells in lines:
             rt.add_row(*[f"[bold green]{_text(c, 'plain')}[/]" if c.best else _text(c, "plain")
                          for c in cells], style=styles[kind])

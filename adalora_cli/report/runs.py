@@ -1,10 +1,12 @@
-"""Reading run directories for ``adalora report``: which tasks show which columns.
+"""Reading run directories for ``adalora report``: each finished run as a typed :class:`Run`.
 
 A run directory is any folder holding a ``status.json`` or ``summary.json``, at any depth,
 so runs trained by hand, by several sweeps or on several machines mix freely. Only
 finished runs are read; every other one is returned with the reason it is left out, and
-a malformed file never raises. GLUE metrics are stored as fractions and shown x100 like
-the paper; SQuAD and ROUGE are stored x100 already.
+a malformed file never raises. A run's summary is read as a
+:class:`~adalora_cli.rundir.summary.Summary` and its config through ``load_config``; what an
+older summary lacks (size label, report columns) is derived from them through the method
+registry and ``adalora_cli.tasks.columns``, so no task or method is named here.
 """
 
 from __future__ import annotations
@@ -12,35 +14,17 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import yaml
-
+from ..config import RunConfig, load_config
+from ..methods.registry import METHODS, comparable_config, config_digest
 from ..rundir.layout import CONFIG, EVAL, STATUS, SUMMARY
 from ..rundir.owner import owner_alive, read_heartbeat
 from ..rundir.run import RunDir
-
-VAL = ("validation",)
-_FRACTIONS = {"accuracy", "f1", "matthews", "pearson", "spearman", "corr"}
-# task -> (title, family, [(label, splits tried in order, metric, scale)]), paper order
-TASKS: dict[str, tuple[str, str, list[tuple[str, tuple[str, ...], str, float]]]] = {
-    "mnli": ("MNLI", "glue", [("m", ("validation_matched",), "accuracy", 100),
-                              ("mm", ("validation_mismatched",), "accuracy", 100)]),
-    "sst2": ("SST-2", "glue", [("Acc", VAL, "accuracy", 100)]),
-    "cola": ("CoLA", "glue", [("Mcc", VAL, "matthews", 100)]),
-    "qqp": ("QQP", "glue", [("Acc", VAL, "accuracy", 100), ("F1", VAL, "f1", 100)]),
-    "qnli": ("QNLI", "glue", [("Acc", VAL, "accuracy", 100)]),
-    "rte": ("RTE", "glue", [("Acc", VAL, "accuracy", 100)]),
-    "mrpc": ("MRPC", "glue", [("Acc", VAL, "accuracy", 100)]),
-    "stsb": ("STS-B", "glue", [("Corr", VAL, "corr", 100)]),
-    "squad_v1": ("SQuADv1.1", "squad", [("EM", VAL, "exact_match", 1), ("F1", VAL, "f1", 1)]),
-    "squad_v2": ("SQuADv2.0", "squad", [("EM", VAL, "exact_match", 1), ("F1", VAL, "f1", 1)]),
-}
-for _task, _title in (("xsum", "XSum"), ("cnn_dailymail", "CNN/DailyMail")):
-    TASKS[_task] = (_title, "summarization", [
-        (label, ("test", "validation"), metric, 1)
-        for label, metric in (("R-1", "rouge1"), ("R-2", "rouge2"), ("R-L", "rougeL"))])
+from ..rundir.summary import Summary, TaskReport, read_summary
+from ..tasks.columns import task_report
 
 
 @dataclass(frozen=True)
@@ -67,6 +51,22 @@ class Run:
     peak_memory_bytes: float | None = None
     epochs: float | None = None
     device: str = ""
+    report: TaskReport | None = None
+    """The task's title, table and columns (from the summary, else declared by the task)."""
+    digest: str = ""
+    """Equal digests: seeds of one experiment (``methods.registry.config_digest``)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run's config as {dotted key: value}, without the seed and bookkeeping: what the
+    report shows when runs of one method and size differ."""
+    finished_at: float = 0.0
+    """When summary.json was written (its mtime): the newest of duplicate seeds is kept."""
+    variant: tuple[tuple[str, str], ...] = ()
+    """Set by the report: (column, value) of the config keys that set this run apart from
+    others of its method and size (e.g. (("lr", "0.001"),)); () when nothing does."""
+
+    @property
+    def family(self) -> str:
+        return self.report.family if self.report else "other"
 
 
 # --------------------------------------------------------------------------- reading
@@ -86,37 +86,28 @@ def find_run_dirs(paths: list[Path]) -> list[Path]:
     return sorted(found)
 
 
-def _columns_of(task: str, metrics: dict) -> list[tuple[Column, float | None]]:
+def column_values(task: str, report: TaskReport, metrics: dict) -> dict[Column, float | None]:
     """The task's columns and their values from summary ``metrics`` ({split: {name: v}})."""
-    if task in TASKS:
-        title, _, specs = TASKS[task]
-    else:  # an unknown task: every metric of its first split, fractions x100
-        split = "validation" if "validation" in metrics else next(iter(metrics), "")
-        title = task
-        specs = [(m, (split,), m, 100 if m in _FRACTIONS else 1) for m in metrics.get(split, {})]
-    out = []
-    for label, splits, metric, scale in specs:
-        split = next((s for s in splits if s in metrics), None)
+    out: dict[Column, float | None] = {}
+    for spec in report.columns:
+        split = next((s for s in spec.splits if s in metrics), None)
         found = dict(metrics.get(split) or {})
-        if metric == "corr" and "corr" not in found and {"pearson", "spearman"} <= set(found):
+        if spec.metric == "corr" and "corr" not in found and {"pearson", "spearman"} <= set(
+                found):
             found["corr"] = (found["pearson"] + found["spearman"]) / 2  # SPEC section 9
-        value = found.get(metric)
+        value = found.get(spec.metric)
         ok = isinstance(value, (int, float)) and math.isfinite(value)
-        out.append((Column(f"{task}:{label}", task, title, label),
-                    float(value) * scale if ok else None))
+        out[Column(f"{task}:{spec.label}", task, report.title, spec.label)] = (
+            float(value) * spec.scale if ok else None)
     return out
 
 
-def _size(method: str, config: dict, level: int | None) -> str:
-    section = config.get({"adalora": "adalora", "lora": "lora"}.get(method, "adapter")) or {}
-    if method == "adalora":
-        return f"r0={section.get('init_rank')}" + (
-            "" if level is not None else f" b(T)={section.get('budget')}")
-    if method == "lora":
-        return f"r={section.get('r')}"
-    if method in ("houlsby", "pfeiffer"):
-        return f"d={section.get('dim')}"
-    return ""
+def _size(summary: Summary, cfg: RunConfig | None, level: int | None) -> str:
+    """The summary's size label; for an older summary, the registry's label of its config."""
+    if summary.size is not None:
+        return summary.size
+    spec = METHODS.get(summary.method)
+    return spec.size_label(cfg, level) if spec and cfg is not None else ""
 
 
 def unfinished_reason(path: Path, status: dict) -> str:
@@ -137,6 +128,30 @@ def unfinished_reason(path: Path, status: dict) -> str:
         resume if state == "failed" else "")
 
 
+def _config(path: Path) -> tuple[RunConfig | None, dict[str, Any]]:
+    """The run's config, and its raw YAML sections when load_config refuses it (a config
+    written by an older version, with keys since renamed)."""
+    try:
+        return load_config(path / CONFIG), {}
+    except Exception:  # any unloadable config: fall back to its raw sections and the summary
+        import yaml
+
+        try:
+            raw = yaml.safe_load((path / CONFIG).read_text())
+        except (OSError, yaml.YAMLError):
+            raw = None
+        return None, raw if isinstance(raw, dict) else {}
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
 def load_run(path: Path, eval_name: str | None = None) -> Run | str:
     """A finished run, or the reason it is left out. ``eval_name``: show the metrics of
     ``eval/<eval_name>.json`` (written by ``adalora eval``) instead of the training's."""
@@ -146,41 +161,48 @@ def load_run(path: Path, eval_name: str | None = None) -> Run | str:
     if status.get("status") != "finished":
         return unfinished_reason(path, status)
     try:
-        summary = json.loads((path / SUMMARY).read_text())
+        summary = read_summary(path)
     except OSError:
         return "finished but summary.json is missing"
-    except ValueError:
+    except json.JSONDecodeError:
         return "summary.json is not valid JSON"
-    if not isinstance(summary, dict) or not isinstance(summary.get("metrics"), dict):
-        return "summary.json has no metrics mapping"
-    if eval_name is not None:  # issue 10: scores from `adalora eval`
+    except ValueError as err:
+        return str(err)
+    if eval_name is not None:  # scores from `adalora eval`
         try:
-            summary["metrics"] = json.loads((path / EVAL / f"{eval_name}.json").read_text())[
+            summary.metrics = json.loads((path / EVAL / f"{eval_name}.json").read_text())[
                 "metrics"]
         except (OSError, ValueError, KeyError, TypeError):
             return (f"no eval/{eval_name}.json (write it with `adalora eval RUN ... "
                     f"--name {eval_name}`)")
-    task, method = summary.get("task"), summary.get("method")
-    if not isinstance(task, str) or not isinstance(method, str):
-        return "summary.json lacks task or method"
-    try:
-        config = yaml.safe_load((path / CONFIG).read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        config = {}
-    level = summary.get("budget_level", (config.get("sweep") or {}).get("budget_level"))
-    params = summary.get("final_adapter_params", summary.get("adapter_params"))
-    values = {col.key: v for col, v in _columns_of(task, summary["metrics"]) if v is not None}
+    if not isinstance(summary.metrics, dict):
+        return "summary.json has no metrics mapping"
+    task, method = summary.task, summary.method
+    cfg, raw = _config(path)
+    level = summary.budget_level
+    if level is None:  # a summary older than the field: the level the sweep put in the config
+        level = cfg.sweep.budget_level if cfg is not None else _flat(raw).get(
+            "sweep.budget_level")
+    params = (summary.final_adapter_params if summary.final_adapter_params is not None
+              else summary.adapter_params)
+    report = (summary.report if summary.report is not None and eval_name is None
+              else task_report(task, summary.metrics))
+    values = {col.key: v for col, v in column_values(task, report, summary.metrics).items()
+              if v is not None}
     if not values:
         return f"no metrics for task {task!r} in summary.json"
-    return Run(path, task, method, summary.get("seed"), level, _size(method, config, level),
+    if cfg is not None:  # recomputed, so runs of every version compare by one definition
+        identity, digest = comparable_config(cfg), config_digest(cfg)
+    else:
+        identity = {k: v for k, v in _flat(raw).items() if k != "train.seed"
+                    and not k.startswith("sweep.")}
+        digest = summary.config_digest or json.dumps(identity, sort_keys=True, default=str)
+    train = cfg.train if cfg is not None else None
+    epochs = summary.epochs or (None if train is None or train.max_steps else train.epochs)
+    return Run(path, task, method, summary.seed, level, _size(summary, cfg, level),
                float(params) if isinstance(params, (int, float)) else math.nan, values,
-               summary.get("train_seconds"), summary.get("peak_memory_bytes"),
-               summary.get("epochs") or _epochs_from_config(config), summary.get("device", ""))
-
-
-def _epochs_from_config(config: dict) -> float | None:
-    train = config.get("train") or {}
-    return None if train.get("max_steps") else train.get("epochs")
+               summary.train_seconds, summary.peak_memory_bytes, epochs, summary.device,
+               report, digest, identity, (path / SUMMARY).stat().st_mtime)
 
 
 def load_runs(paths: list[Path], eval_name: str | None = None,

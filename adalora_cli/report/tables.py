@@ -5,7 +5,14 @@ the adapter parameters as the paper counts them (AdaLoRA: the parameters left af
 pruning, ``final_adapter_params``; the others: ``adapter_params``). A cell is the mean
 over seeds with the sample standard deviation (ddof = 1) and the number of seeds. Each
 method is compared with LoRA at the same budget level by a two-sided Welch t-test across
-seeds. Reading runs lives in :mod:`adalora_cli.report.runs`, rendering in
+seeds.
+
+Only seeds of one experiment are pooled: runs whose configs differ in anything but the seed
+and bookkeeping (their digests differ, see ``methods.registry.comparable_config``) are
+separate rows, and the config keys that differ become columns (``lr``, ``steps``, ``model``
+...). Two runs of one config and one seed are one seed: the newest is kept, with a note.
+
+Reading runs lives in :mod:`adalora_cli.report.runs`, rendering in
 :mod:`adalora_cli.report.render`, figures in :mod:`adalora_cli.report.figures`.
 """
 
@@ -16,14 +23,21 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..methods.registry import METHODS
+from ..tasks.columns import REPORTS
 from .paper import ALL_AVE, TRAINING_COST, published
-from .runs import TASKS, Column, Run, load_runs
+from .runs import Column, Run, load_runs
 
 FAMILIES = {"glue": "GLUE (paper Table 1)", "squad": "SQuAD (paper Table 2)",
             "summarization": "Summarization (paper Table 3)", "other": "Other tasks"}
-METHOD_NAMES = {"full": "Full FT", "bitfit": "BitFit", "houlsby": "HAdapter",
-                "pfeiffer": "PAdapter", "lora": "LoRA", "adalora": "AdaLoRA"}
-_METHOD_ORDER = ["full", "bitfit", "houlsby", "pfeiffer", "lora", "adalora"]
+METHOD_NAMES = {name: spec.title for name, spec in METHODS.items()}
+_METHOD_ORDER = list(METHODS)  # the registry lists methods in the paper's row order
+SHORT_KEYS = {"train.learning_rate": "lr", "train.max_steps": "steps",
+              "model.name_or_path": "model", "train.epochs": "epochs",
+              "train.batch_size": "batch", "train.warmup_steps": "warmup",
+              "train.grad_accum": "accum", "train.weight_decay": "wd"}
+"""Column names of config keys that tell rows apart; any other key is shown by its full
+dotted name."""
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -52,9 +66,20 @@ class Row:
     method: str
     budget_level: int | None
     size: str
+    variant: tuple[tuple[str, str], ...] = ()
+    """(column, value) of the config keys that set this row apart from others of its method
+    and size; () when no run of that method and size differs."""
     runs: list[Run] = field(default_factory=list)
     cells: dict[str, Cell] = field(default_factory=dict)
     all_ave: float | None = None
+
+    def shown(self, column: str) -> str:
+        """This row's value of a distinguishing config column ('' if its runs lack it)."""
+        mine = dict(self.variant)
+        if column in mine:
+            return mine[column]
+        values = {dict(r.variant).get(column) for r in self.runs} - {None}
+        return "/".join(sorted(values))
 
     @property
     def label(self) -> str:
@@ -80,6 +105,8 @@ class Table:
     has_all_ave: bool
     paper_all_ave: bool
     """The table holds all eight GLUE tasks, so the paper's All Ave. is comparable."""
+    differs: list[str] = field(default_factory=list)
+    """Config columns that tell rows apart (e.g. ['lr']); empty when none does."""
 
     def best(self, key: str) -> float | None:
         """The highest mean of a column (every metric here is higher-is-better)."""
@@ -92,27 +119,108 @@ class Table:
 def _row_order(row: Row) -> tuple:
     method = _METHOD_ORDER.index(row.method) if row.method in _METHOD_ORDER else 99
     level = row.budget_level
-    return (level is not None, -(level or 0), method, row.method, row.size)
+    return (level is not None, -(level or 0), method, row.method, row.size,
+            [(k, _sortable(v)) for k, v in row.variant])
+
+
+def _sortable(text: str) -> tuple:
+    try:
+        return (0, float(text), text)
+    except ValueError:
+        return (1, 0.0, text)
+
+
+def show_value(value: object) -> str:
+    """A config value as a table cell: 0.0005, 40, tests/fixtures/tiny-bert, -."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def short_key(key: str) -> str:
+    return SHORT_KEYS.get(key, key)
+
+
+def dedupe_seeds(runs: list[Run]) -> tuple[list[Run], list[str]]:
+    """One run per (experiment, seed): of runs sharing task, method, config digest and seed,
+    the newest (by its summary's time) is kept, and a note names the others. A repeat of one
+    seed is not a new sample, so averaging it in would shrink the spread falsely."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:  # the level and size too: rows are never pooled across them either
+        key = (run.task, run.method, run.budget_level, run.size, run.digest, run.seed)
+        groups.setdefault(key, []).append(run)
+    kept, notes = [], []
+    for (task, method, *_, seed), same in groups.items():
+        same.sort(key=lambda r: (r.finished_at, str(r.path)))
+        newest = same[-1]
+        kept.append(newest)
+        if len(same) > 1:
+            name = METHOD_NAMES.get(method, method)
+            level = f" ({newest.budget_level})" if newest.budget_level is not None else ""
+            notes.append(f"{name} {newest.size}{level} {task} seed {seed} comes from "
+                         f"{len(same)} runs of one config "
+                         f"({', '.join(str(r.path) for r in same)}); kept only the newest, "
+                         f"{newest.path}")
+    kept_ids = {id(r) for r in kept}
+    return [r for r in runs if id(r) in kept_ids], notes
+
+
+def assign_variants(runs: list[Run]) -> None:
+    """Set ``run.variant``: the config keys on which runs of one task, method and size
+    differ, with this run's values. Runs of one method and size share their keys across
+    tasks, so a row of the table never pools two configs, yet a learning rate tuned per
+    task (the same within each task) splits nothing."""
+    families: dict[tuple, list[Run]] = {}
+    for run in runs:
+        families.setdefault((run.method, run.budget_level, run.size), []).append(run)
+    for members in families.values():
+        keys: set[str] = set()
+        by_task: dict[str, dict[str, dict]] = {}
+        for run in members:
+            by_task.setdefault(run.task, {})[run.digest] = run.config
+        for configs in by_task.values():
+            if len(configs) > 1:
+                found = list(configs.values())
+                union = set().union(*found)
+                keys |= {k for k in union if len({show_value(c.get(k)) for c in found}) > 1}
+        ordered = sorted(keys, key=lambda k: (k not in SHORT_KEYS, list(SHORT_KEYS).index(k)
+                                              if k in SHORT_KEYS else 0, k))
+        for run in members:
+            run.variant = tuple((short_key(k), show_value(run.config.get(k))) for k in ordered)
+
+
+def _task_order(runs: list[Run]) -> list[str]:
+    return list(REPORTS) + sorted({r.task for r in runs} - set(REPORTS))
 
 
 def build_tables(runs: list[Run]) -> list[Table]:
+    """The paper's tables from ``runs`` (already one run per seed; see :func:`dedupe_seeds`)."""
+    assign_variants(runs)
     tables = []
     for family, title in FAMILIES.items():
-        mine = [r for r in runs if TASKS.get(r.task, ("", "other"))[1] == family]
+        mine = [r for r in runs if (r.family if r.family in FAMILIES else "other") == family]
         if not mine:
             continue
-        task_order = list(TASKS) + sorted({r.task for r in mine} - set(TASKS))
+        task_order = _task_order(mine)
         columns: dict[str, Column] = {}
+        labels: dict[str, list[str]] = {}
         for task in task_order:
             for run in (r for r in mine if r.task == task):
+                title_of = run.report.title if run.report else task
+                labels.setdefault(task, [c.label for c in run.report.columns]
+                                  if run.report else [])
                 for key in run.values:
-                    columns.setdefault(key, _column(key))
+                    columns.setdefault(key, _column(key, title_of))
         cols = sorted(columns.values(), key=lambda c: (task_order.index(c.task),
-                                                       _label_order(c)))
+                                                       _label_order(c, labels)))
         rows: dict[tuple, Row] = {}
         for run in mine:
-            row = rows.setdefault((run.method, run.budget_level, run.size),
-                                  Row(run.method, run.budget_level, run.size))
+            row = rows.setdefault((run.method, run.budget_level, run.size, run.variant),
+                                  Row(run.method, run.budget_level, run.size, run.variant))
             row.runs.append(run)
             for key, value in run.values.items():
                 row.cells.setdefault(key, Cell([])).values.append(value)
@@ -120,20 +228,20 @@ def build_tables(runs: list[Run]) -> list[Table]:
         has_ave = family == "glue" and len(tasks) > 1
         for row in rows.values():
             row.all_ave = _all_average(row, cols, tasks) if has_ave else None
+        differs = list(dict.fromkeys(k for r in rows.values() for k, _ in r.variant))
         tables.append(Table(family, title, cols, sorted(rows.values(), key=_row_order),
-                            has_ave, has_ave and len(tasks) == 8))
+                            has_ave, has_ave and len(tasks) == 8, differs))
     return tables
 
 
-def _column(key: str) -> Column:
+def _column(key: str, title: str) -> Column:
     task, _, label = key.partition(":")
-    return Column(key, task, TASKS[task][0] if task in TASKS else task, label)
+    return Column(key, task, title, label)
 
 
-def _label_order(col: Column) -> int:
-    specs = TASKS.get(col.task, ("", "", []))[2]
-    labels = [s[0] for s in specs]
-    return labels.index(col.label) if col.label in labels else len(labels)
+def _label_order(col: Column, labels: dict[str, list[str]]) -> int:
+    mine = labels.get(col.task, [])
+    return mine.index(col.label) if col.label in mine else len(mine)
 
 
 def _all_average(row: Row, cols: list[Column], tasks: list[str]) -> float | None:
@@ -180,12 +288,18 @@ class Comparison:
 
 
 def compare_to_lora(tables: list[Table]) -> list[Comparison]:
-    """Each method against LoRA at the same budget level, per column."""
+    """Each method against LoRA at the same budget level, per column: the LoRA row with the
+    same distinguishing config values, else the only LoRA row at that level."""
     out = []
     for table in tables:
-        loras = {r.budget_level: r for r in reversed(table.rows) if r.method == "lora"}
+        loras: dict[int | None, list[Row]] = {}
+        for r in table.rows:
+            if r.method == "lora":
+                loras.setdefault(r.budget_level, []).append(r)
         for row in table.rows:
-            base = loras.get(row.budget_level)
+            same_level = loras.get(row.budget_level, [])
+            base = next((b for b in same_level if b.variant == row.variant),
+                        same_level[0] if len(same_level) == 1 else None)
             if row.method == "lora" or base is None:
                 continue
             for col in table.columns:
@@ -211,8 +325,9 @@ class CostRow:
 def training_cost(runs: list[Run]) -> list[CostRow]:
     groups: dict[tuple, Row] = {}
     for run in runs:
-        groups.setdefault((run.task, run.method, run.budget_level, run.size),
-                          Row(run.method, run.budget_level, run.size)).runs.append(run)
+        groups.setdefault((run.task, run.method, run.budget_level, run.size, run.variant),
+                          Row(run.method, run.budget_level, run.size, run.variant)
+                          ).runs.append(run)
     out = []
     for (task, *_), row in sorted(groups.items(), key=lambda kv: (kv[0][0], _row_order(kv[1]))):
         mem = [r.peak_memory_bytes / 2**30 for r in row.runs if r.peak_memory_bytes]
@@ -236,22 +351,10 @@ class Report:
     show_paper: bool = False
 
 
-def _duplicate_seeds(tables: list[Table]) -> list[str]:
-    notes = []
-    for table in tables:
-        for row in table.rows:
-            seen: dict[tuple, list[Path]] = {}
-            for run in row.runs:
-                seen.setdefault((run.task, run.seed), []).append(run.path)
-            notes += [f"{row.label} ({row.budget_level}) {task} seed {seed} comes from "
-                      f"{len(paths)} runs ({', '.join(map(str, paths))}); all are counted"
-                      for (task, seed), paths in seen.items() if len(paths) > 1]
-    return notes
-
-
 def build_report(paths: list[Path], show_paper: bool = False,
                  eval_name: str | None = None) -> Report:
     runs, skipped = load_runs(paths, eval_name)
+    runs, duplicates = dedupe_seeds(runs)
     tables = build_tables(runs)
     return Report(tables, compare_to_lora(tables), training_cost(runs), runs, skipped,
-                  _duplicate_seeds(tables), show_paper)
+                  duplicates, show_paper)

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, RunConfig
-from .base import Task, TaskData
+
+if TYPE_CHECKING:
+    from .base import Task, TaskData
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     # factory "module:function" -> the task names it builds
@@ -54,3 +57,11 @@ def get_task(cfg: RunConfig) -> Task:
 
 
 __all__ = ["TASKS", "Task", "TaskData", "get_task"]
+
+
+def __getattr__(name: str) -> Any:
+    # Task and TaskData come from .base (torch) only when asked for, so the torch-free
+    # .columns can be imported (by the report) without loading torch.
+    if name in ("Task", "TaskData"):
+        return getattr(importlib.import_module(f"{__name__}.base"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,198 @@
+"""Every fine-tuning method, once: the one table the rest of the package derives from.
+
+Config checking, the sweep's budget matching, the report's names and row order, export
+and the summary's size label all read :data:`METHODS`. Adding a method is its module, its
+config section and one entry here (``tests/methods/test_registry.py`` ties the three).
+
+This module imports no torch: the report and the CLI's fast paths read it, and the builder
+is named as ``"module:function"`` under :mod:`adalora_cli.methods`, imported only when a
+model is actually built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from ..config import RESUMABLE_KEYS, ConfigError, RunConfig
+
+# --------------------------------------------------------------------------- budget matching
+
+# Paper Appendix (hyperparameters), docs/maths.md: AdaLoRA's r0 for the tabulated mean final
+# rank rbar = b(T) / n. ceil(1.5 * rbar) reproduces 1 -> 2, 4 -> 6 and 8 -> 12, but gives 3
+# for rbar = 2 where the paper used 4.
+R0_TABLE = {1: 2, 2: 4, 4: 6, 8: 12}
+
+
+def round_half_up(x: Fraction) -> int:
+    """Nearest whole size, at least 1 (a non-integer rbar such as 8 / 12 on the smoke model)."""
+    return max(1, math.floor(x + Fraction(1, 2)))
+
+
+def init_rank_for(rbar: Fraction) -> int:
+    """r0 at mean final rank rbar; rounds up so that b0 = n * r0 >= b(T) always holds."""
+    if rbar.denominator == 1 and rbar.numerator in R0_TABLE:
+        return R0_TABLE[rbar.numerator]
+    return max(1, math.ceil(Fraction(3, 2) * rbar))
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    """The value of ``method.name``."""
+    title: str
+    """What the paper's tables call it (the report's row names)."""
+    section: str | None
+    """The config section holding its hyperparameters (None: it has none)."""
+    builder: str
+    """``"module:function"`` under ``adalora_cli.methods`` that injects it into a model:
+    ``function(model, cfg, total_steps) -> MethodHandle``."""
+    size_keys: tuple[tuple[str, str], ...] = ()
+    """(config key, short label) that make up its size in words, e.g. ``r=8``."""
+    unmatched_size_keys: tuple[tuple[str, str], ...] = ()
+    """Extra size words shown only for a run outside a sweep's budget level (AdaLoRA's
+    b(T), which the level itself states otherwise)."""
+    match: Callable[[int, Fraction], dict[str, int]] | None = None
+    """Budget level b(T) and rbar = b(T) / n -> the config values that give this method the
+    matching size (paper Sec. 4 and Appendix); None: its size does not follow the budget."""
+    peft_type: str | None = None
+    """PEFT's ``peft_type`` when ``--format peft`` can export it."""
+    mergeable: bool = False
+    """``--format merged`` can fold it into the base weights (it is linear in W, or it
+    changes W itself)."""
+    saves_whole_model: bool = False
+    """Its run saves the whole model (``model/``) instead of adapter + head."""
+    prunes: Callable[[RunConfig], bool] = lambda cfg: False
+    """It allocates a budget b(T) with AdaLoRA's schedule (Eq. 11-12)."""
+
+    @property
+    def sized(self) -> bool:
+        return self.match is not None
+
+    def size_label(self, cfg: RunConfig, level: int | None) -> str:
+        """The size in words, e.g. ``r0=4`` (``r0=4 b(T)=144`` without a budget level)."""
+        keys = self.size_keys + (self.unmatched_size_keys if level is None else ())
+        return " ".join(f"{label}={config_value(cfg, key)}" for key, label in keys)
+
+    def size_overrides(self, budget: int, n: int) -> list[str]:
+        """``key=value`` overrides putting this method at budget level ``budget`` over ``n``
+        adapted matrices; [] for a method without a size."""
+        if self.match is None:
+            return []
+        if budget < 1 or n < 1:
+            raise ConfigError(f"budget {budget} over {n} adapted matrices: both must be >= 1")
+        return [f"{k}={v}" for k, v in self.match(budget, Fraction(budget, n)).items()]
+
+    def reads(self, cfg: RunConfig) -> set[str]:
+        """The config sections (and method keys) its training depends on."""
+        out = {self.section} if self.section else set()
+        if self.name in ("adalora", "lora"):
+            out.add("method.target_modules")
+        if self.prunes(cfg):
+            out.add("adalora")  # prune-LoRA takes budget, schedule and score from adalora
+        return out
+
+    def build(self, model: Any, cfg: RunConfig, total_steps: int | None) -> Any:
+        module, function = self.builder.split(":")
+        return getattr(importlib.import_module(f"adalora_cli.methods.{module}"),
+                       function)(model, cfg, total_steps)
+
+
+METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
+    # The paper's row order (Table 1): full fine-tuning, then the cheapest baselines first.
+    MethodSpec("full", "Full FT", None, "apply:build_full", mergeable=True,
+               saves_whole_model=True),
+    MethodSpec("bitfit", "BitFit", None, "apply:build_bitfit", mergeable=True),
+    MethodSpec("houlsby", "HAdapter", "adapter", "apply:build_houlsby",
+               size_keys=(("adapter.dim", "d"),),
+               match=lambda b, rbar: {"adapter.dim": round_half_up(4 * rbar)}),
+    MethodSpec("pfeiffer", "PAdapter", "adapter", "apply:build_pfeiffer",
+               size_keys=(("adapter.dim", "d"),),
+               match=lambda b, rbar: {"adapter.dim": round_half_up(8 * rbar)}),
+    MethodSpec("lora", "LoRA", "lora", "apply:build_lora", size_keys=(("lora.r", "r"),),
+               match=lambda b, rbar: {"lora.r": round_half_up(rbar)}, peft_type="LORA",
+               mergeable=True, prunes=lambda cfg: cfg.lora.prune),
+    MethodSpec("adalora", "AdaLoRA", "adalora", "apply:build_adalora",
+               size_keys=(("adalora.init_rank", "r0"),),
+               unmatched_size_keys=(("adalora.budget", "b(T)"),),
+               match=lambda b, rbar: {"adalora.budget": b,
+                                      "adalora.init_rank": init_rank_for(rbar)},
+               peft_type="ADALORA", mergeable=True, prunes=lambda cfg: cfg.adalora.prune),
+)}
+"""Method name -> its spec, in the paper's row order."""
+
+
+def method_spec(name: str) -> MethodSpec:
+    """The spec of ``method.name``; an unknown name is a one-line ConfigError."""
+    spec = METHODS.get(name)
+    if spec is None:
+        raise ConfigError(f"unknown method.name {name!r}; choose from {', '.join(METHODS)}")
+    return spec
+
+
+def check_method(cfg: RunConfig) -> MethodSpec:
+    return method_spec(cfg.method.name)
+
+
+# --------------------------------------------------------------------------- run identity
+
+
+def config_value(cfg: RunConfig, key: str) -> Any:
+    """``cfg`` at a dotted key, e.g. ``config_value(cfg, "lora.r")``."""
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+NOT_IDENTITY = ("train.seed", "sweep.", "train.save_weights", "train.log_every",
+                *RESUMABLE_KEYS)
+"""Keys that never change a run's numbers: the seed (what seeds are averaged over), the
+sweep's labels (the budget level is already in the sizes it set; the sweep's name says where
+a run came from, not what it is) and where and how it runs (the keys ``--resume`` may
+change: device, checkpoints, eval batch size, trackers), plus whether weights are saved and
+how often a training row is logged."""
+
+
+def comparable_config(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config as ``{dotted key: value}``, keeping only what decides a run's
+    numbers apart from its seed: runs with equal dicts are seeds of one experiment.
+
+    Sections of other methods are dropped (a LoRA run does not read ``adapter.dim``)."""
+    spec = METHODS.get(cfg.method.name)
+    reads = spec.reads(cfg) if spec else None
+    method_keys = {s.section for s in METHODS.values() if s.section} | {
+        "method.target_modules"}
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+            return
+        if prefix.startswith(NOT_IDENTITY):
+            return
+        owner = "method.target_modules" if prefix == "method.target_modules" else (
+            prefix.split(".", 1)[0])
+        if reads is not None and owner in method_keys and owner not in reads:
+            return
+        out[prefix] = value
+
+    walk("", dataclasses.asdict(cfg))
+    return out
+
+
+def config_digest(cfg: RunConfig) -> str:
+    """sha256 of :func:`comparable_config`: equal digests are seeds of one experiment."""
+    text = json.dumps(comparable_config(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,123 @@
+"""``summary.json`` as a typed record: the engine writes a :class:`Summary`, the report reads one.
+
+Besides the numbers, a summary records what a reader would otherwise have to recompute from
+the config and the code: the method's size in words (``r0=4``, ``r=8``, ``d=16``), the
+task's report columns (which metric of which split, on what scale), and the digest of
+everything but the seed that decides the run's numbers (runs with one digest are seeds of one
+experiment). Summaries written before these fields existed read back with them as None;
+the report then derives them from ``config.yaml`` (see ``adalora_cli.report.runs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .layout import SUMMARY
+
+
+@dataclass(frozen=True)
+class ReportColumn:
+    """One column of the report: ``metric`` of the first of ``splits`` present, x ``scale``."""
+
+    label: str
+    splits: tuple[str, ...]
+    metric: str
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """How the report shows a task: its title, its table (family) and its columns."""
+
+    title: str
+    family: str
+    """'glue', 'squad', 'summarization' or 'other': which of the paper's tables it joins."""
+    columns: tuple[ReportColumn, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "family": self.family,
+                "columns": [dataclasses.asdict(c) | {"splits": list(c.splits)}
+                            for c in self.columns]}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TaskReport | None:
+        """None for anything that is not a well-formed record (an old or damaged file)."""
+        try:
+            return cls(str(data["title"]), str(data["family"]), tuple(
+                ReportColumn(str(c["label"]), tuple(map(str, c["splits"])), str(c["metric"]),
+                             float(c.get("scale", 1.0))) for c in data["columns"]))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            return None
+
+
+@dataclass
+class Summary:
+    """What ``summary.json`` holds. Written last: its presence means the run finished."""
+
+    task: str
+    method: str
+    model: str | None = None
+    seed: int | None = None
+    adapter_params: int | None = None
+    head_params: int | None = None
+    n_matrices: int | None = None
+    total_steps: int | None = None
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """{split: {metric: value}} as the task's evaluate returned them."""
+    train_seconds: float | None = None
+    peak_memory_bytes: int | None = None
+    device: str = ""
+    epochs: float | None = None
+    budget_level: int | None = None
+    attempts: int = 1
+    size: str | None = None
+    """The method's size in words, e.g. 'r0=4' (None in summaries older than this field)."""
+    config_digest: str | None = None
+    """sha256 of the config without the seed and bookkeeping
+    (``adalora_cli.methods.registry.config_digest``)."""
+    report: TaskReport | None = None
+    """The task's report columns."""
+    export: dict[str, Any] = field(default_factory=dict)
+    final_adapter_params: int | None = None
+    final_budget: int | None = None
+    weights: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keys this record does not name (e.g. the loop's ``data`` and ``checkpoint_bytes``),
+    kept so that reading and writing a summary loses nothing."""
+
+    _OPTIONAL = ("final_adapter_params", "final_budget", "weights")
+    """Written only when set, as before these records were typed."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or (f.name in self._OPTIONAL and value is None):
+                continue
+            out[f.name] = value.to_dict() if isinstance(value, TaskReport) else value
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Summary:
+        """A record from a parsed summary.json; raises ValueError if task, method or
+        metrics are missing. Fields a summary lacks keep their defaults (None)."""
+        if not isinstance(data, dict):
+            raise ValueError("summary.json is not a JSON object")
+        if not isinstance(data.get("metrics"), dict):
+            raise ValueError("summary.json has no metrics mapping")
+        if not isinstance(data.get("task"), str) or not isinstance(data.get("method"), str):
+            raise ValueError("summary.json lacks task or method")
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in data.items() if k in names}
+        known["report"] = TaskReport.from_dict(data.get("report"))
+        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+
+def read_summary(run_dir: Path) -> Summary:
+    """The run's summary; OSError if it is missing, ValueError if it is malformed."""
+    return Summary.from_dict(json.loads((Path(run_dir) / SUMMARY).read_text()))
