@@ -1,14 +1,15 @@
 """``adalora export``: a finished run as a PEFT adapter or as a merged transformers model.
 
-Both formats start from the run rebuilt by :func:`adalora_cli.weights.load_run`, so they
+Both formats start from the run rebuilt by :func:`adalora_cli.artifacts.load.load_run`, so they
 carry exactly the weights our own loader would use. The folder is written under a temporary
 name beside the destination and renamed into place only when complete: an export that fails
 half-way leaves nothing that looks like a finished export. The format writers live in
-:mod:`.export_peft` and :mod:`.export_merged`.
+:mod:`.peft` and :mod:`.merged`; which methods each format takes comes from the method
+registry (``peft_type``, ``mergeable``).
 
-:func:`export_facts` is what ``train`` records in ``summary.json`` (``export``) so that an
-export never has to guess the base model, its revision, the adapted modules or the method's
-hyperparameters.
+``adalora_cli.engine.outputs.export_facts`` is what ``train`` records in ``summary.json``
+(``export``) so that an export never has to guess the base model, its revision, the adapted
+modules or the method's hyperparameters.
 """
 
 from __future__ import annotations

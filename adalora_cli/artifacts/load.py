@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from ..config import load_config
 from ..engine.build import load_model, resolve_resources, seed_everything
 from ..methods import apply_method
+from ..methods.registry import method_spec
 from ..rundir.layout import CONFIG, FULL_MODEL, WEIGHTS
 from ..tasks import get_task
 
@@ -25,7 +26,8 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     """Rebuild a finished run's model with its trained weights: ``(model, tokenizer, cfg)``."""
     run_dir = Path(run_dir)
     cfg = resolve_resources(load_config(run_dir / CONFIG))
-    if cfg.method.name == "full":
+    whole = method_spec(cfg.method.name).saves_whole_model
+    if whole:
         cfg = dataclasses.replace(
             cfg, model=dataclasses.replace(cfg.model, name_or_path=str(run_dir / FULL_MODEL)))
     # Weights a checkpoint lacks (e.g. BERT's pooler in a masked-LM checkpoint) are freshly
@@ -34,7 +36,7 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     seed_everything(cfg.train.seed)
     task = get_task(cfg)
     model, tokenizer = load_model(task, cfg)
-    if cfg.method.name != "full":
+    if not whole:
         apply_method(model, cfg, None)
         state = load_file(str(run_dir / WEIGHTS))
         missing = set(state) - {name for name, _ in model.named_parameters()}

@@ -18,15 +18,17 @@ from torch import nn
 
 from ..config import ConfigError, RunConfig
 from ..methods.base import LinearWrapper, adapter_modules
+from ..methods.registry import METHODS
 
-MERGEABLE = ("adalora", "lora", "bitfit", "full")
+MERGEABLE = tuple(name for name, spec in METHODS.items() if spec.mergeable)
 
 
 def check_merge_method(method: str | None) -> None:
     if method not in MERGEABLE:
+        peft = "/".join(n for n, s in METHODS.items() if s.peft_type)
         raise ConfigError(f"method {method!r} cannot be merged: its bottleneck adapters are a "
-                          "nonlinear path with no weight to fold into; use --format peft for "
-                          "adalora/lora, or load the run with adalora_cli.weights.load_run")
+                          f"nonlinear path with no weight to fold into; use --format peft for "
+                          f"{peft}, or load the run with adalora_cli.artifacts.load.load_run")
 
 
 @torch.no_grad()

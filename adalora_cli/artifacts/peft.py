@@ -32,6 +32,7 @@ from ..engine.outputs import head_modules
 from ..methods.adalora import SVDLinear
 from ..methods.base import adapter_modules
 from ..methods.lora import LoRALinear
+from ..methods.registry import METHODS, method_spec
 from ..rundir.layout import ALLOCATOR_STATE
 
 CONFIG_FILE = "adapter_config.json"
@@ -47,11 +48,13 @@ _TASK_TYPES = (("ForSequenceClassification", "SEQ_CLS"), ("ForQuestionAnswering"
 
 
 def check_peft_method(method: str | None) -> None:
-    if method in ("adalora", "lora"):
+    spec = METHODS.get(method or "")
+    if spec is not None and spec.peft_type is not None:
         return
-    fix = ("use --format merged" if method in ("bitfit", "full") else
-           "use the run's adapter_model.safetensors with adalora_cli.weights.load_run")
-    raise ConfigError(f"PEFT has no format for method {method!r} (only adalora and lora "
+    fix = ("use --format merged" if spec is not None and spec.mergeable else
+           "use the run's adapter_model.safetensors with adalora_cli.artifacts.load.load_run")
+    names = " and ".join(n for n, s in METHODS.items() if s.peft_type)
+    raise ConfigError(f"PEFT has no format for method {method!r} (only {names} "
                       f"export to PEFT); {fix}")
 
 
@@ -160,7 +163,7 @@ def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
     targets = [path for path, _ in layers]
     config = base_config(cfg, model, summary, heads, targets)
     r0_params = sum(p.numel() for _, m in layers for p in m.adapter_parameters())
-    if cfg.method.name == "adalora":
+    if method_spec(cfg.method.name).peft_type == "ADALORA":
         tensors, pattern = adalora_tensors(layers, kept_triplets(run_dir, layers))
         config.update(adalora_config(cfg, summary, len(layers), pattern))
     else:

@@ -1,7 +1,8 @@
 """Sweep planning: configs x methods x budget levels x seeds -> one ``adalora train`` each.
 
 A budget level is AdaLoRA's final budget b(T). Every other method gets the matching size
-from SPEC section 7, computed from the number n of matrices the model adapts (so the same
+its registry entry computes (``methods.registry``), from the number n of matrices the model
+adapts (so the same
 level means the same mean final rank rbar = b(T) / n on DeBERTa, BART or the smoke model).
 A sweep comes from one config plus ``--budget/--methods/--seeds``, or from a manifest in
 ``experiments/`` (a YAML file with a ``runs:`` list of such groups). Running the plan lives
@@ -10,25 +11,23 @@ in :mod:`adalora_cli.sweep.local`; this module only decides what to run.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from ..config import METHODS, ConfigError, load_config, read_yaml
+from ..config import ConfigError, load_config, read_yaml
+from ..methods.registry import METHODS, init_rank_for, method_spec, round_half_up
 from ..tracking import check_trackers
 
-# SPEC section 7 table: AdaLoRA r0 for the tabulated rbar. ceil(1.5 * rbar) reproduces
-# 1 -> 2, 4 -> 6 and 8 -> 12, but gives 3 for rbar = 2 where the paper used 4.
-_R0_TABLE = {1: 2, 2: 4, 4: 6, 8: 12}
-SIZED = ("adalora", "lora", "houlsby", "pfeiffer")  # methods whose size follows the budget
+SIZED = tuple(name for name, spec in METHODS.items() if spec.sized)
+"""Methods whose size follows the budget level (their registry entry has a ``match``)."""
 # Keys the sweep sets itself: a user override of these would break the grid.
 _RESERVED = ("method.name", "train.seed", "sweep.")
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """The matched size of every method at one budget level (SPEC section 7)."""
+    """The matched size of every built-in sized method at one budget level (paper Sec. 4)."""
 
     rbar: Fraction
     init_rank: int
@@ -37,37 +36,23 @@ class Sizes:
     pfeiffer_dim: int
 
 
-def _round_half_up(x: Fraction) -> int:
-    return max(1, math.floor(x + Fraction(1, 2)))
-
-
 def matched_sizes(budget: int, n: int) -> Sizes:
-    """Sizes for final budget ``budget`` over ``n`` adapted matrices.
-
-    A non-integer rbar (e.g. 8 / 12 on the smoke model) rounds to the nearest size, at
-    least 1; r0 rounds up so that b0 = n * r0 >= b(T) always holds."""
+    """Sizes for final budget ``budget`` over ``n`` adapted matrices, as the registry's
+    entries set them. A non-integer rbar (e.g. 8 / 12 on the smoke model) rounds to the
+    nearest size, at least 1; r0 rounds up so that b0 = n * r0 >= b(T) always holds."""
     if budget < 1 or n < 1:
         raise ConfigError(f"budget {budget} over {n} adapted matrices: both must be >= 1")
     rbar = Fraction(budget, n)
-    if rbar.denominator == 1 and rbar.numerator in _R0_TABLE:
-        r0 = _R0_TABLE[rbar.numerator]
-    else:
-        r0 = max(1, math.ceil(Fraction(3, 2) * rbar))
-    return Sizes(rbar, r0, _round_half_up(rbar), _round_half_up(4 * rbar),
-                 _round_half_up(8 * rbar))
+    return Sizes(rbar, init_rank_for(rbar), round_half_up(rbar), round_half_up(4 * rbar),
+                 round_half_up(8 * rbar))
 
 
 def size_overrides(method: str, budget: int | None, n: int | None) -> list[str]:
     """The ``key=value`` overrides that put ``method`` at budget level ``budget``."""
-    if budget is None or method not in SIZED:
+    spec = method_spec(method)
+    if budget is None or not spec.sized:
         return []
-    s = matched_sizes(budget, n or 0)
-    return {
-        "adalora": [f"adalora.budget={budget}", f"adalora.init_rank={s.init_rank}"],
-        "lora": [f"lora.r={s.lora_r}"],
-        "houlsby": [f"adapter.dim={s.houlsby_dim}"],
-        "pfeiffer": [f"adapter.dim={s.pfeiffer_dim}"],
-    }[method]
+    return spec.size_overrides(budget, n or 0)
 
 
 @dataclass(frozen=True)
@@ -127,7 +112,7 @@ def parse_methods(text: str | list[str] | None) -> list[str] | None:
         return None
     items = text if isinstance(text, list) else text.split(",")
     methods = [str(m).strip() for m in items if str(m).strip()]
-    bad = [m for m in methods if m not in METHODS]
+    bad = [m for m in methods if m not in METHODS]  # the registry's names
     if bad or not methods:
         raise ConfigError(f"unknown method {bad[0] if bad else text!r}; "
                           f"choose from {', '.join(METHODS)}")
@@ -233,12 +218,6 @@ def _stems(configs: list[Path]) -> dict[Path, str]:
     return stems
 
 
-def _size_words(overrides: list[str]) -> str:
-    labels = {"adalora.init_rank": "r0", "lora.r": "r", "adapter.dim": "d"}
-    return " ".join(f"{labels[k]}={v}" for k, _, v in (o.partition("=") for o in overrides)
-                    if k in labels)
-
-
 def plan(spec: SweepSpec, n_cache: dict | None = None) -> list[PlannedRun]:
     """Every run of the sweep, each config validated; duplicates (e.g. BitFit named in two
     groups) collapse into one run."""
@@ -272,8 +251,10 @@ def _planned(spec: SweepSpec, config: Path, stem: str, method: str, level: int |
                  f"sweep.name={spec.name}",
                  f"sweep.budget_level={level if level is not None else 'null'}", *extra)
     cfg = load_config(config, list(overrides))  # every run's config is valid before any starts
-    check_trackers(cfg)  # tracking (issue 12): a missing tracker package stops the whole sweep
-    return PlannedRun(name, config, method, level, seed, overrides, _size_words(sized))
+    check_trackers(cfg)  # a missing tracker package stops the whole sweep
+    # the size in words as the run's summary will record it; '' where no budget matched it
+    size = method_spec(method).size_label(cfg, level) if sized else ""
+    return PlannedRun(name, config, method, level, seed, overrides, size)
 
 
 def _add(runs: dict[str, PlannedRun], run: PlannedRun) -> None:

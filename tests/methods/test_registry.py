@@ -1,0 +1,170 @@
+"""The method registry ties config, builders and everything derived from them together.
+
+A method is its module, its config section and one entry in ``methods/registry.py``; these
+tests fail when an entry names a section the config lacks, a builder that does not exist or
+builds another method, or when a consumer (sweep, report, export) keeps its own list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+
+from adalora_cli.config import ConfigError, RunConfig
+from adalora_cli.methods import apply as apply_module
+from adalora_cli.methods import apply_method
+from adalora_cli.methods.registry import (
+    METHODS,
+    check_method,
+    comparable_config,
+    config_digest,
+    config_value,
+    method_spec,
+)
+from tests.conftest import ROOT
+from tests.methods._tiny import run_config, tiny_bert
+
+
+def test_the_registry_and_the_report_load_no_torch():
+    probe = ("import json, sys\n"
+             "import adalora_cli.methods.registry, adalora_cli.report.tables\n"
+             "import adalora_cli.report.render, adalora_cli.rundir.summary\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('torch', 'transformers'))))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == []
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_each_entry_names_a_real_section_and_a_builder_of_itself(name):
+    spec = METHODS[name]
+    assert spec.name == name
+    sections = {f.name for f in dataclasses.fields(RunConfig)}
+    if spec.section is not None:
+        assert spec.section in sections
+        assert dataclasses.is_dataclass(getattr(RunConfig(), spec.section))
+    cfg = run_config(name)
+    for key, _ in spec.size_keys + spec.unmatched_size_keys:
+        assert isinstance(config_value(cfg, key), int), key  # a real config key
+        # and a key of the method's own section: a size of another section is a typo
+        assert key.split(".")[0] == spec.section, key
+    module, function = spec.builder.split(":")
+    builder = getattr(importlib.import_module(f"adalora_cli.methods.{module}"), function)
+    assert callable(builder)
+    handle = apply_method(tiny_bert(), cfg, None)  # builds through the registry
+    assert handle.name == name and handle.trainable
+
+
+def test_every_builder_in_apply_has_an_entry():
+    builders = {f"apply:{n}" for n, f in inspect.getmembers(apply_module, inspect.isfunction)
+                if n.startswith("build_")}
+    assert builders == {spec.builder for spec in METHODS.values()}
+
+
+def test_the_paper_row_order_and_titles():
+    assert list(METHODS) == ["full", "bitfit", "houlsby", "pfeiffer", "lora", "adalora"]
+    assert [s.title for s in METHODS.values()] == [
+        "Full FT", "BitFit", "HAdapter", "PAdapter", "LoRA", "AdaLoRA"]
+
+
+def test_an_unknown_method_is_one_line_naming_every_choice():
+    cfg = run_config("adalora")
+    bad = dataclasses.replace(cfg, method=dataclasses.replace(cfg.method, name="qlora"))
+    with pytest.raises(ConfigError) as info:
+        check_method(bad)
+    assert str(info.value) == ("unknown method.name 'qlora'; choose from full, bitfit, houlsby, "
+                               "pfeiffer, lora, adalora")
+    with pytest.raises(ConfigError, match="unknown method.name 'qlora'"):
+        apply_method(tiny_bert(), bad, None)
+
+
+def test_size_labels_by_hand():
+    ada = run_config("adalora", adalora={"init_rank": 6, "budget": 144})
+    assert method_spec("adalora").size_label(ada, None) == "r0=6 b(T)=144"
+    assert method_spec("adalora").size_label(ada, 144) == "r0=6"  # the level says b(T)
+    assert method_spec("lora").size_label(run_config("lora", lora={"r": 8}), 576) == "r=8"
+    for adapter in ("houlsby", "pfeiffer"):
+        cfg = run_config(adapter, adapter={"dim": 16})
+        assert method_spec(adapter).size_label(cfg, None) == "d=16"
+    assert method_spec("bitfit").size_label(run_config("bitfit"), 144) == ""
+    assert method_spec("full").size_label(run_config("full"), None) == ""
+
+
+def test_budget_matching_at_rbar_2_on_72_matrices():
+    # b(T) = 144 over n = 72: rbar 2 -> r0 4 (the paper's table), r 2, d 8 and 16
+    got = {name: spec.size_overrides(144, 72) for name, spec in METHODS.items()}
+    assert got == {"full": [], "bitfit": [],
+                   "houlsby": ["adapter.dim=8"], "pfeiffer": ["adapter.dim=16"],
+                   "lora": ["lora.r=2"],
+                   "adalora": ["adalora.budget=144", "adalora.init_rank=4"]}
+    assert METHODS["lora"].match(8, Fraction(8, 12)) == {"lora.r": 1}  # 0.67 rounds to 1
+
+
+def test_export_and_weights_flags():
+    assert {n: s.peft_type for n, s in METHODS.items() if s.peft_type} == {
+        "lora": "LORA", "adalora": "ADALORA"}
+    assert [n for n, s in METHODS.items() if not s.mergeable] == ["houlsby", "pfeiffer"]
+    assert [n for n, s in METHODS.items() if s.saves_whole_model] == ["full"]
+
+
+def test_consumers_derive_their_lists_from_the_registry(monkeypatch):
+    """Sweep, report and export read the registry: a new entry shows in all of them."""
+    from adalora_cli.artifacts import merged
+    from adalora_cli.report import tables
+    from adalora_cli.sweep import plan
+
+    assert plan.SIZED == ("houlsby", "pfeiffer", "lora", "adalora")
+    assert merged.MERGEABLE == ("full", "bitfit", "lora", "adalora")
+    assert tables.METHOD_NAMES == {n: s.title for n, s in METHODS.items()}
+    extra = dataclasses.replace(METHODS["lora"], name="dora", title="DoRA")
+    monkeypatch.setitem(METHODS, "dora", extra)
+    assert plan.parse_methods("dora,lora") == ["dora", "lora"]
+    assert plan.size_overrides("dora", 144, 72) == ["lora.r=2"]
+    with pytest.raises(ConfigError, match="choose from full, .*, adalora, dora"):
+        plan.parse_methods("qlora")
+
+
+# --------------------------------------------------------------------------- run identity
+
+
+def _digest(name: str, *overrides: str) -> str:
+    from adalora_cli.config import apply_overrides, from_dict
+
+    return config_digest(from_dict(apply_overrides({"method": {"name": name}},
+                                                   list(overrides))))
+
+
+def test_the_digest_ignores_the_seed_and_bookkeeping():
+    base = _digest("adalora")
+    for same in ("train.seed=7", "sweep.name=other", "sweep.budget_level=144",
+                 "train.device=cpu", "train.eval_batch_size=8", "train.save_every=5",
+                 "train.keep_checkpoints=3", "log.to=[tensorboard]", "train.save_weights=false",
+                 "train.log_every=10", "lora.r=16", "adapter.dim=3"):  # unused sections too
+        assert _digest("adalora", same) == base, same
+    for differs in ("train.learning_rate=0.001", "train.max_steps=40",
+                    "model.name_or_path=other", "adalora.budget=8", "task.name=mrpc",
+                    "method.target_modules=[query]"):
+        assert _digest("adalora", differs) != base, differs
+    assert _digest("lora") != base
+
+
+def test_the_digest_follows_what_each_method_reads():
+    assert _digest("lora", "adalora.budget=8") == _digest("lora")  # plain LoRA: unread
+    # prune-LoRA takes its budget from the adalora section
+    assert _digest("lora", "lora.prune=true", "adalora.budget=8") != _digest(
+        "lora", "lora.prune=true")
+    # bottleneck adapters never read target_modules (they sit at fixed sites)
+    assert _digest("houlsby", "method.target_modules=[query]") == _digest("houlsby")
+    assert _digest("houlsby", "adapter.dim=4") != _digest("houlsby")
+    flat = comparable_config(run_config("bitfit"))
+    assert "train.learning_rate" in flat and "train.seed" not in flat
+    assert not any(k.split(".")[0] in ("adalora", "lora", "adapter") for k in flat)

@@ -1,0 +1,159 @@
+"""``adalora report`` pools only seeds of one experiment.
+
+Runs are averaged only when their configs are equal apart from the seed and bookkeeping;
+runs that differ (here: only in the learning rate, only in the step count, only in the
+model) are separate rows, and the config key that differs becomes a column. Expected means
+are worked out by hand from the numbers written into the fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adalora_cli.report import figures
+from adalora_cli.report.render import render_csv, render_markdown
+from adalora_cli.report.tables import build_report
+
+
+def make_run(root: Path, name: str, seed: int, accuracy: float, *, task: str = "rte",
+             method: str = "adalora", level: int | None = 144, train: dict | None = None,
+             model: str = "tiny-bert", summary_extra: dict | None = None,
+             sweep: str = "demo") -> Path:
+    """A finished run directory with a full config (the report groups by its digest)."""
+    path = root / name
+    path.mkdir(parents=True)
+    config = {"task": {"name": task}, "model": {"name_or_path": model},
+              "method": {"name": method}, "adalora": {"init_rank": 4, "budget": 144},
+              "train": {"seed": seed, "learning_rate": 5e-4, **(train or {})},
+              "sweep": {"name": sweep, "budget_level": level}}
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    (path / "status.json").write_text(json.dumps({"status": "finished"}))
+    summary = {"task": task, "method": method, "seed": seed, "adapter_params": 1000,
+               "metrics": {"validation": {"accuracy": accuracy}}, "budget_level": level,
+               "train_seconds": 10.0, "epochs": 1.0, "device": "cpu", **(summary_extra or {})}
+    (path / "summary.json").write_text(json.dumps(summary))
+    (path / "metrics.jsonl").write_text("")
+    return path
+
+
+def rows_of(root: Path) -> list[tuple]:
+    (table,) = build_report([root]).tables
+    return [(r.variant, r.cells["rte:Acc"].n, round(r.cells["rte:Acc"].mean, 6))
+            for r in table.rows]
+
+
+def test_runs_differing_only_in_lr_are_separate_rows(tmp_path):
+    for seed, (a, b) in enumerate([(0.60, 0.70), (0.62, 0.74)]):
+        make_run(tmp_path, f"lr-small-s{seed}", seed, a)
+        make_run(tmp_path, f"lr-big-s{seed}", seed, b, train={"learning_rate": 1e-3})
+    # pooled, these four would read 66.50 +- 6.40 (4); apart: 61.0 (2) and 72.0 (2)
+    assert rows_of(tmp_path) == [((("lr", "0.0005"),), 2, 61.0), ((("lr", "0.001"),), 2, 72.0)]
+    report = build_report([tmp_path])
+    assert report.tables[0].differs == ["lr"]
+    md = render_markdown(report)
+    assert "| Method | # Params | b(T) | lr | RTE Acc |" in md
+    assert "| AdaLoRA | 1.00K | 144 | 0.0005 | 61.00 ± 1.41 (2) |" in md
+    assert "| AdaLoRA | 1.00K | 144 | 0.001 | **72.00** ± 2.83 (2) |" in md
+    lines = render_csv(report).splitlines()
+    assert lines[0].startswith("table,method,label,budget_level,size,lr,params,column")
+    assert any(line.startswith("glue,adalora,AdaLoRA,144,r0=4,0.001,1000,rte:Acc,72.0000")
+               for line in lines)
+
+
+def test_runs_differing_only_in_steps_are_separate_rows(tmp_path):
+    make_run(tmp_path, "short", 0, 0.50, train={"max_steps": 40})
+    make_run(tmp_path, "long", 0, 0.80, train={"max_steps": 150})
+    assert rows_of(tmp_path) == [((("steps", "40"),), 1, 50.0), ((("steps", "150"),), 1, 80.0)]
+
+
+def test_runs_differing_only_in_model_are_separate_rows(tmp_path):
+    make_run(tmp_path, "a", 0, 0.55, model="tiny-bert")
+    make_run(tmp_path, "b", 0, 0.65, model="deberta")
+    assert rows_of(tmp_path) == [((("model", "deberta"),), 1, 65.0),
+                                 ((("model", "tiny-bert"),), 1, 55.0)]
+
+
+def test_seeds_and_bookkeeping_do_pool(tmp_path):
+    """What is not the experiment (seed, sweep name, device, trackers) never splits a row."""
+    make_run(tmp_path, "a", 0, 0.60, sweep="first")
+    make_run(tmp_path, "b", 1, 0.64, sweep="second", train={"device": "cpu"})
+    assert rows_of(tmp_path) == [((), 2, 62.0)]
+    assert build_report([tmp_path]).tables[0].differs == []
+
+
+def test_a_learning_rate_tuned_per_task_splits_nothing(tmp_path):
+    make_run(tmp_path, "rte", 0, 0.60, train={"learning_rate": 1e-3})
+    make_run(tmp_path, "mrpc", 0, 0.80, task="mrpc", train={"learning_rate": 5e-4})
+    (table,) = build_report([tmp_path]).tables
+    assert len(table.rows) == 1 and table.differs == []
+    assert table.rows[0].cells["mrpc:Acc"].mean == pytest.approx(80.0)
+
+
+def test_a_repeated_seed_is_kept_once_the_newest(tmp_path):
+    old = make_run(tmp_path, "first", 0, 0.50)
+    new = make_run(tmp_path / "again", "first", 0, 0.70)
+    make_run(tmp_path, "other-seed", 1, 0.60)
+    os.utime(old / "summary.json", (1_000_000, 1_000_000))
+    os.utime(new / "summary.json", (2_000_000, 2_000_000))
+    report = build_report([tmp_path])
+    # averaging all three would give 60.0 (3); one per seed: (70 + 60) / 2 = 65.0 (2)
+    assert rows_of(tmp_path) == [((), 2, 65.0)]
+    (note,) = report.duplicates
+    assert "seed 0 comes from 2 runs of one config" in note
+    assert note.endswith(f"kept only the newest, {new}")
+    assert sorted(r.path for r in report.runs) == sorted([new, tmp_path / "other-seed"])
+
+
+def test_old_summaries_report_like_new_ones(tmp_path):
+    """A summary without size, report columns and digest (written before they existed)
+    shows exactly as one with them: they are derived from config.yaml."""
+    make_run(tmp_path / "old", "r", 0, 0.60)
+    make_run(tmp_path / "new", "r", 0, 0.60, summary_extra={
+        "size": "r0=4", "config_digest": "recorded",
+        "report": {"title": "RTE", "family": "glue", "columns": [
+            {"label": "Acc", "splits": ["validation"], "metric": "accuracy", "scale": 100}]}})
+    old, new = (build_report([tmp_path / d]) for d in ("old", "new"))
+    assert render_markdown(old) == render_markdown(new)
+    assert old.runs[0].size == "r0=4" and old.runs[0].report.title == "RTE"
+    assert old.runs[0].digest == new.runs[0].digest  # recomputed from config.yaml for both
+
+
+def test_a_task_unknown_to_the_report_shows_its_recorded_columns(tmp_path):
+    make_run(tmp_path, "x", 0, 0.5, task="mytask", summary_extra={
+        "metrics": {"test": {"score": 3.0}},
+        "report": {"title": "My Task", "family": "other", "columns": [
+            {"label": "S", "splits": ["test"], "metric": "score", "scale": 10}]}})
+    (table,) = build_report([tmp_path]).tables
+    assert table.family == "other" and [(c.title, c.label) for c in table.columns] == [
+        ("My Task", "S")]
+    assert table.rows[0].cells["mytask:S"].mean == pytest.approx(30.0)
+
+
+def test_figures_use_the_same_grouping(tmp_path, monkeypatch):
+    for lr, acc in ((5e-4, 0.6), (1e-3, 0.7)):
+        path = make_run(tmp_path, f"lr{lr}", 0, acc, train={"learning_rate": lr})
+        (path / "rank_pattern.json").write_text(json.dumps({"bert.layer.0.query": 2}))
+        (path / "metrics.jsonl").write_text(json.dumps({"step": 1, "orth_reg": lr}) + "\n")
+    legends = {}
+    save = figures._save
+
+    def keep_legend(fig, path):
+        legend = fig.axes[0].get_legend()
+        legends[path.name] = sorted(t.get_text() for t in legend.get_texts()) if legend else []
+        return save(fig, path)
+
+    monkeypatch.setattr(figures, "_save", keep_legend)
+    paths, warnings = figures.write_figures(build_report([tmp_path]), tmp_path / "fig")
+    assert warnings == []
+    assert sorted(p.name for p in paths) == [
+        "fig3_rank_rte-adalora-b144-lr=0.0005.png", "fig3_rank_rte-adalora-b144-lr=0.001.png",
+        "fig4_budget_rte.png", "fig5_orth_rte.png"]
+    # Figure 4: one line per learning rate, not one line through both
+    assert legends["fig4_budget_rte.png"] == ["AdaLoRA lr=0.0005", "AdaLoRA lr=0.001"]
+    assert legends["fig5_orth_rte.png"] == ["AdaLoRA b(T)=144 lr=0.0005 (1 seeds)",
+                                            "AdaLoRA b(T)=144 lr=0.001 (1 seeds)"]
