@@ -79,7 +79,9 @@ def test_a_trained_run_records_size_columns_and_digest(tmp_path, in_repo):
     assert {"data", "checkpoint_bytes"} <= set(summary.extra)  # added by the loop
 
     bad = tmp_path / "bad"
+    # the model folder does not exist either: the method is named first, before any loading
     result = CliRunner().invoke(app, ["train", "configs/smoke/glue.yaml", "method.name=qlora",
+                                      f"model.name_or_path={tmp_path / 'no-model'}",
                                       "--run-dir", str(bad), "--quiet"])
     assert result.exit_code == 2
     assert "unknown method.name 'qlora'; choose from full, bitfit" in result.output
