@@ -74,6 +74,12 @@ class MethodSpec:
     """Its run saves the whole model (``model/``) instead of adapter + head."""
     prunes: Callable[[RunConfig], bool] = lambda cfg: False
     """It allocates a budget b(T) with AdaLoRA's schedule (Eq. 11-12)."""
+    borrows: Callable[[RunConfig], tuple[str, ...]] = lambda cfg: ()
+    """Other sections its training reads in this config (LoRA reads ``adalora`` when it
+    prunes, for budget, schedule and score, or regularizes, for the form of Eq. 4)."""
+    targeted: bool = False
+    """It wraps the linear modules named by ``method.target_modules`` (the bottleneck
+    adapters sit at fixed sites instead; BitFit and full touch the whole model)."""
 
     @property
     def sized(self) -> bool:
@@ -96,11 +102,9 @@ class MethodSpec:
     def reads(self, cfg: RunConfig) -> set[str]:
         """The config sections (and method keys) its training depends on."""
         out = {self.section} if self.section else set()
-        if self.name in ("adalora", "lora"):
+        if self.targeted:
             out.add("method.target_modules")
-        if self.prunes(cfg):
-            out.add("adalora")  # prune-LoRA takes budget, schedule and score from adalora
-        return out
+        return out | set(self.borrows(cfg))
 
     def build(self, model: Any, cfg: RunConfig, total_steps: int | None) -> Any:
         module, function = self.builder.split(":")
@@ -121,13 +125,16 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                match=lambda b, rbar: {"adapter.dim": round_half_up(8 * rbar)}),
     MethodSpec("lora", "LoRA", "lora", "apply:build_lora", size_keys=(("lora.r", "r"),),
                match=lambda b, rbar: {"lora.r": round_half_up(rbar)}, peft_type="LORA",
-               mergeable=True, prunes=lambda cfg: cfg.lora.prune),
+               mergeable=True, prunes=lambda cfg: cfg.lora.prune, targeted=True,
+               borrows=lambda cfg: ("adalora",) if cfg.lora.prune or cfg.lora.gamma > 0
+               else ()),
     MethodSpec("adalora", "AdaLoRA", "adalora", "apply:build_adalora",
                size_keys=(("adalora.init_rank", "r0"),),
                unmatched_size_keys=(("adalora.budget", "b(T)"),),
                match=lambda b, rbar: {"adalora.budget": b,
                                       "adalora.init_rank": init_rank_for(rbar)},
-               peft_type="ADALORA", mergeable=True, prunes=lambda cfg: cfg.adalora.prune),
+               peft_type="ADALORA", mergeable=True, prunes=lambda cfg: cfg.adalora.prune,
+               targeted=True),
 )}
 """Method name -> its spec, in the paper's row order."""
 

@@ -162,6 +162,9 @@ def test_the_digest_follows_what_each_method_reads():
     # prune-LoRA takes its budget from the adalora section
     assert _digest("lora", "lora.prune=true", "adalora.budget=8") != _digest(
         "lora", "lora.prune=true")
+    # LoRA_regu takes the form of its regularizer (Eq. 4) from the adalora section too
+    assert _digest("lora", "lora.gamma=0.1", "adalora.orth_reg=paper") != _digest(
+        "lora", "lora.gamma=0.1")
     # bottleneck adapters never read target_modules (they sit at fixed sites)
     assert _digest("houlsby", "method.target_modules=[query]") == _digest("houlsby")
     assert _digest("houlsby", "adapter.dim=4") != _digest("houlsby")
