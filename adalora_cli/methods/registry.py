@@ -196,6 +196,8 @@ def comparable_config(cfg: RunConfig) -> dict[str, Any]:
         out[prefix] = value
 
     walk("", dataclasses.asdict(cfg))
+    if cfg.train.max_steps is not None:
+        out.pop("train.epochs", None)  # T = max_steps: epochs is not read
     return out
 
 

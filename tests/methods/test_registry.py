@@ -168,6 +168,10 @@ def test_the_digest_follows_what_each_method_reads():
     # bottleneck adapters never read target_modules (they sit at fixed sites)
     assert _digest("houlsby", "method.target_modules=[query]") == _digest("houlsby")
     assert _digest("houlsby", "adapter.dim=4") != _digest("houlsby")
+    # with max_steps set, T = max_steps and epochs is never read
+    assert _digest("lora", "train.max_steps=9", "train.epochs=1") == _digest(
+        "lora", "train.max_steps=9")
+    assert _digest("lora", "train.epochs=1") != _digest("lora")
     flat = comparable_config(run_config("bitfit"))
     assert "train.learning_rate" in flat and "train.seed" not in flat
     assert not any(k.split(".")[0] in ("adalora", "lora", "adapter") for k in flat)
