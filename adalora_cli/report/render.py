@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from .paper import ALL_AVE
-from .tables import Cell, Report, Row, Table
+from .tables import Cell, Report, Row, Table, short_key
 
 FORMATS = ("rich", "markdown", "csv", "latex")
 
@@ -63,7 +63,7 @@ def _level(level: int | None) -> str:
 def _grid(table: Table, show_paper: bool) -> tuple[list[str], list[tuple[str, list[Out]]]]:
     """Headers and (kind, cells) lines; kind is 'ours', 'paper' or 'diff'."""
     keys = [c.key for c in table.columns] + ([ALL_AVE] if table.has_all_ave else [])
-    headers = ["Method", "# Params", "b(T)", *table.differs]
+    headers = ["Method", "# Params", "b(T)", *map(short_key, table.differs)]
     headers += [f"{c.title} {c.label}" for c in table.columns]
     headers += [ALL_AVE] if table.has_all_ave else []
     best = {k: table.best(k) for k in keys}
@@ -117,7 +117,7 @@ def _text(c: Out, style: str) -> str:
 
 def _comparison_grid(report: Report, table: Table) -> tuple[list[str], list[list[str]]]:
     comps = [c for c in report.comparisons if c.table is table]
-    headers = ["Method", "b(T)", *table.differs, "vs"]
+    headers = ["Method", "b(T)", *map(short_key, table.differs), "vs"]
     headers += [f"{c.title} {c.label}" for c in table.columns]
     rows: dict[int, list[str]] = {}
     first = 3 + len(table.differs)
@@ -137,8 +137,8 @@ def _differs(report: Report) -> list[str]:
 
 def _cost_grid(report: Report) -> tuple[list[str], list[list[str]]]:
     differs = _differs(report)
-    headers = ["Task", "Method", "b(T)", *differs, "# Params", "Mem GiB", "s/epoch", "Device",
-               "Runs"]
+    headers = ["Task", "Method", "b(T)", *map(short_key, differs), "# Params", "Mem GiB",
+               "s/epoch", "Device", "Runs"]
     if report.show_paper:
         headers += ["Paper GB", "Paper min/epoch"]
     lines = []
@@ -232,9 +232,9 @@ def render_csv(report: Report) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     differs = _differs(report)  # config columns that tell rows apart, when any do
-    w.writerow(["table", "method", "label", "budget_level", "size", *differs, "params",
-                "column", "mean", "std", "n", "best", "paper", "diff_vs_paper", "diff_vs_lora",
-                "p_vs_lora"])
+    w.writerow(["table", "method", "label", "budget_level", "size", *map(short_key, differs),
+                "params", "column", "mean", "std", "n", "best", "paper", "diff_vs_paper",
+                "diff_vs_lora", "p_vs_lora"])
     comps = {(id(c.row), c.column): c for c in report.comparisons}
     for table in report.tables:
         keys = [c.key for c in table.columns] + ([ALL_AVE] if table.has_all_ave else [])

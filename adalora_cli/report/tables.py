@@ -73,13 +73,11 @@ class Row:
     cells: dict[str, Cell] = field(default_factory=dict)
     all_ave: float | None = None
 
-    def shown(self, column: str) -> str:
-        """This row's value of a distinguishing config column ('' if its runs lack it)."""
-        mine = dict(self.variant)
-        if column in mine:
-            return mine[column]
-        values = {dict(r.variant).get(column) for r in self.runs} - {None}
-        return "/".join(sorted(values))
+    def shown(self, key: str) -> str:
+        """This row's value of config key ``key``; values joined by '/' when its runs
+        differ in it (runs of several tasks, each with its own learning rate)."""
+        values = {show_value(r.config.get(key)) for r in self.runs}
+        return "/".join(sorted(values, key=_sortable))
 
     @property
     def label(self) -> str:
@@ -106,7 +104,9 @@ class Table:
     paper_all_ave: bool
     """The table holds all eight GLUE tasks, so the paper's All Ave. is comparable."""
     differs: list[str] = field(default_factory=list)
-    """Config columns that tell rows apart (e.g. ['lr']); empty when none does."""
+    """Config keys shown as columns because rows differ in them (e.g. ['train.learning_rate'],
+    headed by :func:`short_key`); empty when no two rows of one task differ but in method
+    and size."""
 
     def best(self, key: str) -> float | None:
         """The highest mean of a column (every metric here is higher-is-better)."""
@@ -169,14 +169,36 @@ def dedupe_seeds(runs: list[Run]) -> tuple[list[Run], list[str]]:
     return [r for r in runs if id(r) in kept_ids], notes
 
 
-def assign_variants(runs: list[Run]) -> None:
+def _key_order(key: str) -> tuple:
+    known = list(SHORT_KEYS)
+    return (key not in SHORT_KEYS, known.index(key) if key in SHORT_KEYS else 0, key)
+
+
+def differing_keys(runs: list[Run]) -> list[str]:
+    """Config keys in which runs of one task differ, among the keys all of them have (so a
+    method's own section never counts; its size is in the row's name). Runs of one row and
+    task share their config, so these are what tell rows apart besides method and size,
+    e.g. a learning rate tuned per method."""
+    keys: set[str] = set()
+    by_task: dict[str, list[Run]] = {}
+    for run in runs:
+        by_task.setdefault(run.task, []).append(run)
+    for same_task in by_task.values():
+        common = set.intersection(*(set(r.config) for r in same_task)) - {"method.name"}
+        keys |= {k for k in common
+                 if len({show_value(r.config.get(k)) for r in same_task}) > 1}
+    return sorted(keys, key=_key_order)
+
+
+def assign_variants(runs: list[Run]) -> set[str]:
     """Set ``run.variant``: the config keys on which runs of one task, method and size
-    differ, with this run's values. Runs of one method and size share their keys across
-    tasks, so a row of the table never pools two configs, yet a learning rate tuned per
-    task (the same within each task) splits nothing."""
+    differ, with this run's values; returns those keys. Runs of one method and size share
+    their keys across tasks, so a row of the table never pools two configs, yet a learning
+    rate tuned per task (the same within each task) splits nothing."""
     families: dict[tuple, list[Run]] = {}
     for run in runs:
         families.setdefault((run.method, run.budget_level, run.size), []).append(run)
+    split: set[str] = set()
     for members in families.values():
         keys: set[str] = set()
         by_task: dict[str, dict[str, dict]] = {}
@@ -187,10 +209,11 @@ def assign_variants(runs: list[Run]) -> None:
                 found = list(configs.values())
                 union = set().union(*found)
                 keys |= {k for k in union if len({show_value(c.get(k)) for c in found}) > 1}
-        ordered = sorted(keys, key=lambda k: (k not in SHORT_KEYS, list(SHORT_KEYS).index(k)
-                                              if k in SHORT_KEYS else 0, k))
+        ordered = sorted(keys, key=_key_order)
         for run in members:
             run.variant = tuple((short_key(k), show_value(run.config.get(k))) for k in ordered)
+        split |= keys
+    return split
 
 
 def _task_order(runs: list[Run]) -> list[str]:
@@ -199,7 +222,7 @@ def _task_order(runs: list[Run]) -> list[str]:
 
 def build_tables(runs: list[Run]) -> list[Table]:
     """The paper's tables from ``runs`` (already one run per seed; see :func:`dedupe_seeds`)."""
-    assign_variants(runs)
+    split = assign_variants(runs)
     tables = []
     for family, title in FAMILIES.items():
         mine = [r for r in runs if (r.family if r.family in FAMILIES else "other") == family]
@@ -228,7 +251,8 @@ def build_tables(runs: list[Run]) -> list[Table]:
         has_ave = family == "glue" and len(tasks) > 1
         for row in rows.values():
             row.all_ave = _all_average(row, cols, tasks) if has_ave else None
-        differs = list(dict.fromkeys(k for r in rows.values() for k, _ in r.variant))
+        splitting = {k for k in split if any(r.config.get(k) is not None for r in mine)}
+        differs = sorted(splitting | set(differing_keys(mine)), key=_key_order)
         tables.append(Table(family, title, cols, sorted(rows.values(), key=_row_order),
                             has_ave, has_ave and len(tasks) == 8, differs))
     return tables

@@ -54,7 +54,7 @@ def test_runs_differing_only_in_lr_are_separate_rows(tmp_path):
     # pooled, these four would read 66.50 +- 6.40 (4); apart: 61.0 (2) and 72.0 (2)
     assert rows_of(tmp_path) == [((("lr", "0.0005"),), 2, 61.0), ((("lr", "0.001"),), 2, 72.0)]
     report = build_report([tmp_path])
-    assert report.tables[0].differs == ["lr"]
+    assert report.tables[0].differs == ["train.learning_rate"]  # headed "lr"
     md = render_markdown(report)
     assert "| Method | # Params | b(T) | lr | RTE Acc |" in md
     assert "| AdaLoRA | 1.00K | 144 | 0.0005 | 61.00 ± 1.41 (2) |" in md
@@ -84,6 +84,24 @@ def test_seeds_and_bookkeeping_do_pool(tmp_path):
     make_run(tmp_path, "b", 1, 0.64, sweep="second", train={"device": "cpu"})
     assert rows_of(tmp_path) == [((), 2, 62.0)]
     assert build_report([tmp_path]).tables[0].differs == []
+
+
+def test_a_learning_rate_tuned_per_method_is_shown_not_split(tmp_path):
+    """The README's demo: LoRA and AdaLoRA each at its own lr. Nothing is pooled wrongly
+    (they are different rows anyway), and the table shows the lr that each row used."""
+    for seed, (ada, lora) in enumerate([(0.80, 0.81), (0.82, 0.83)]):
+        make_run(tmp_path, f"ada-s{seed}", seed, ada, train={"learning_rate": 2e-3}, level=72)
+        make_run(tmp_path, f"lora-s{seed}", seed, lora, method="lora", level=72)
+    report = build_report([tmp_path])
+    (table,) = report.tables
+    assert [(r.method, r.variant, r.cells["rte:Acc"].n) for r in table.rows] == [
+        ("lora", (), 2), ("adalora", (), 2)]
+    assert table.differs == ["train.learning_rate"]
+    md = render_markdown(report)
+    assert "| LoRA r=8 | 1.00K | 72 | 0.0005 | **82.00** ± 1.41 (2) |" in md
+    assert "| AdaLoRA | 1.00K | 72 | 0.002 | 81.00 ± 1.41 (2) |" in md
+    # the comparison with LoRA still happens, and says which lr each side used
+    assert "| AdaLoRA | 72 | 0.002 | LoRA r=8 | -1.00 (p 0.553) |" in md
 
 
 def test_a_learning_rate_tuned_per_task_splits_nothing(tmp_path):
