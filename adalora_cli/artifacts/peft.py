@@ -8,8 +8,8 @@ dependency). The mapping onto PEFT's names and conventions:
 - AdaLoRA: our ``Q (r0, d_in)``, ``lam (r0,)``, ``P (d_out, r0)`` are PEFT's ``lora_A``,
   ``lora_E (r, 1)`` and ``lora_B``. PEFT scales by ``lora_alpha / (ranknum + 1e-5)`` with
   ``ranknum = init_r`` (kept when the rank pattern shrinks a layer), where we use
-  ``alpha / r0`` exactly (SPEC §1); ``lam`` is multiplied by ``(r0 + 1e-5) / r0`` so that
-  the product is ours.
+  ``alpha / r0`` exactly (docs/maths.md#svd-adaptation); ``lam`` is multiplied by
+  ``(r0 + 1e-5) / r0`` so that the product is ours.
 - The export is compact, as PEFT itself saves a trained AdaLoRA adapter: ``rank_pattern``
   holds one keep-flag per initial triplet and the tensors hold only the kept triplets, so
   the file has the paper's "# Params" (plus the head) rather than the r0 count.

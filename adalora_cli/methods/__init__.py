@@ -1,8 +1,8 @@
 """Fine-tuning methods: build one on a model and hand the training loop a MethodHandle.
 
 :func:`apply_method` freezes the whole model, injects the method's modules, and makes
-exactly the method's parameters plus the task head trainable (SPEC §6). Adapter
-parameters are collected through the :class:`~adalora_cli.methods.base.AdapterModule`
+exactly the method's parameters plus the task head trainable (docs/maths.md#methods).
+Adapter parameters are collected through the :class:`~adalora_cli.methods.base.AdapterModule`
 protocol, never by matching parameter names.
 """
 

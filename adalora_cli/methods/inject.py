@@ -2,8 +2,9 @@
 
 A target matches an ``nn.Linear`` whose module path equals it or ends with ``"." + target``,
 so ``output.dense`` covers both ``layer.N.output.dense`` and ``layer.N.attention.output.dense``
-(SPEC §6). Only modules inside the backbone (``model.base_model``) are candidates: the task
-head trains in full and is never wrapped (BART's classification head has an ``out_proj``).
+(docs/maths.md#methods). Only modules inside the backbone (``model.base_model``) are
+candidates: the task head trains in full and is never wrapped (BART's classification head has
+an ``out_proj``).
 """
 
 from __future__ import annotations
