@@ -73,6 +73,10 @@ class TaskConfig:
 class ModelConfig:
     name_or_path: str = "microsoft/deberta-v3-base"
     """Hub id or local folder of a pretrained checkpoint."""
+    base_dtype: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
+    """Dtype of the frozen base weights; the trained adapter and head stay fp32. bf16/fp16
+    halve the base's memory and need CUDA with mixed precision (train.precision auto, bf16 or
+    fp16); 'auto' is bf16 where that holds and the GPU supports it, else fp32."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,10 @@ class TrainConfig:
     group_by_length: bool = False
     """Batch training examples of similar length together (less padding, faster); off by
     default because it changes which examples share a batch."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass instead of keeping them: far
+    less activation memory for long sequences and big models, about a third more compute.
+    The model must support it (every transformers model with default targets does)."""
     length_split: int = 1
     """Run each batch as this many micro-batches of similar length, each padded on its own
     (same examples per step, fewer padded tokens; a CPU speed-up, see engine/split.py);
