@@ -8,7 +8,8 @@ column is carried over, else the row index is. Rows go through in batches of
 - classification: ``label`` (the class name) and ``scores`` (softmax probability per class);
   regression (STS-B): ``score``;
 - question answering: ``answer`` ("" when a v2 model prefers no answer);
-- summarization: ``summary`` (the task's generation settings: beams, lengths).
+- summarization: ``summary`` (the task's generation settings: beams, lengths);
+- causal_lm: ``response``, greedy, from a ``prompt`` (or chat ``messages``) column.
 
 The output is written under a temporary name and renamed when complete, and an existing
 file is never overwritten.
@@ -92,6 +93,9 @@ def _no_autocast():
 
 
 def _family(task):
+    if hasattr(task, "predict_rows"):  # a task that knows its own predictions (causal_lm)
+        return lambda task, model, tokenizer, ds, device: task.predict_rows(
+            model, tokenizer, ds, device)
     from ..tasks.glue import TextClassificationTask
     from ..tasks.squad import SquadTask
     from ..tasks.summarization import SummarizationTask
