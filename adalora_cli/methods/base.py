@@ -62,6 +62,11 @@ class LinearWrapper(nn.Module):
         return linear_dims(self.base)[0]
 
     @property
+    def weight(self) -> torch.Tensor:
+        """The frozen base weight: model code reads it (T5 checks ``wo.weight.dtype``)."""
+        return self.base.weight
+
+    @property
     def fan_in_fan_out(self) -> bool:
         return is_transposed(self.base)
 
