@@ -183,9 +183,9 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     if enable is None or not getattr(model, "supports_gradient_checkpointing", False):
         raise ConfigError(f"{type(model).__name__} does not support gradient checkpointing; "
                           "set train.gradient_checkpointing=false")
+    # the checkpointed layers drop the KV cache in training themselves; generation at
+    # evaluation keeps it
     enable({"use_reentrant": False})
-    if getattr(model.config, "use_cache", False):
-        model.config.use_cache = False  # a KV cache is useless in training and clashes
 
 
 @dataclass
