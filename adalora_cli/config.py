@@ -68,6 +68,9 @@ class TaskConfig:
     values above 1 favour longer summaries."""
     no_repeat_ngram_size: int = 0
     """Summarization: never generate the same n-gram of this size twice; 0 disables."""
+    source_prefix: str = ""
+    """Summarization: text put before every source, e.g. "summarize: " for T5 checkpoints,
+    which were pretrained with task prefixes; empty for BART."""
     text_column: str = "text"
     """causal_lm: column of plain-text rows (the loss covers every token)."""
     prompt_column: str = "prompt"

@@ -78,7 +78,7 @@ def _summarize(task, model, tokenizer, ds, device) -> list[dict[str, Any]]:
 
     column = task.spec.source_column
     require_columns(ds, [column], "the input")
-    sources = ["" if x is None else str(x) for x in ds[column]]
+    sources = task.source_texts(ds[column])  # with task.source_prefix (T5)
     enc = tokenizer(sources, max_length=task.cfg.task.max_length, truncation=True,
                     padding=True, return_tensors="pt")
     inputs = {k: enc[k].to(device) for k in ("input_ids", "attention_mask")}

@@ -74,7 +74,8 @@ RUNS = {  # family -> (config, method, overrides)
     "llama": (LM_SMOKE, "adalora", [*SHORT, "adalora.budget=28"]),
     "qwen2": (LM_SMOKE, "lora", ["train.max_steps=4"]),
     "gpt2": (LM_SMOKE, "adalora", [*SHORT, "adalora.budget=16"]),
-    "t5": (SUM_SMOKE, "adalora", [*SHORT, "task.max_eval_samples=2"]),
+    "t5": (SUM_SMOKE, "adalora", [*SHORT, "task.max_eval_samples=2",
+                                     "task.source_prefix='summarize: '"]),
 }
 
 
