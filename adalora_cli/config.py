@@ -202,7 +202,7 @@ class TrainConfig:
     default because it changes which examples share a batch."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass instead of keeping them: far
-    less activation memory for long sequences and big models, about a third more compute.
+    less activation memory for long sequences and big models, for one extra forward pass.
     The model must support it (every transformers model with default targets does)."""
     length_split: int = 1
     """Run each batch as this many micro-batches of similar length, each padded on its own
