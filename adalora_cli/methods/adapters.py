@@ -23,10 +23,10 @@ class BottleneckAdapter(LinearWrapper):
 
     activation: type[nn.Module] = nn.ReLU
 
-    def __init__(self, base: nn.Linear, dim: int, dropout: float = 0.0):
+    def __init__(self, base: nn.Module, dim: int, dropout: float = 0.0):
         super().__init__(base)
-        w = base.weight  # (d_model, d_in): the adapter sees the projection's output
-        d_model = w.shape[0]
+        w = base.weight
+        d_model = self.out_features  # the adapter sees the projection's output
         kw = {"device": w.device, "dtype": w.dtype}
         self.down = nn.Linear(d_model, dim, **kw)  # weight (dim, d_model)
         self.up = nn.Linear(dim, d_model, **kw)  # weight (d_model, dim)
