@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +31,6 @@ from . import faults
 TENSORS = "trainable.safetensors"
 STATE = "state.pt"
 FORMAT = 1
-
-
-@dataclass
-class Resumed:
-    """What the loop needs back from a checkpoint besides the objects restored in place."""
-
-    step: int
-    data: dict[str, Any]
-    """{"epoch": int, "epoch_start": generator state (uint8 tensor), "consumed": batches}."""
-    streams: dict[str, int]
-    """Bytes of each stream file at the checkpoint."""
-    train_seconds: float
-    path: Path
 
 
 def _step_dirs(run_path: Path) -> list[tuple[int, Path]]:

@@ -23,12 +23,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ConfigError, RunConfig, dump_config
+from ..errors import first_line
 from ..rundir.layout import CONFIG
 from ..rundir.run import RunBusy, RunDir, default_run_dir, write_text_atomic
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults
-from .build import Built, autocast_factory, build_run, first_line
+from .build import Built, autocast_factory, build_run
 from .distributed import (
     World,
     any_rank,

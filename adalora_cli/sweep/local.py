@@ -216,7 +216,7 @@ def _settled(run: PlannedRun, sweep_dir: Path, console: Console) -> Outcome | No
 
 def clear_empty(path: Path) -> None:
     """Empty a claimed directory that holds no run (e.g. a start cut short); shared with
-    the SLURM launcher's jobs (issue 9)."""
+    the SLURM launcher's jobs."""
     for child in path.iterdir():
         if child.name not in (LAUNCH, ".lock"):
             if child.is_dir():
