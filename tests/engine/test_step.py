@@ -60,6 +60,8 @@ def test_each_step_reports_its_lr_budget_and_mask_events():
 
 def test_step_log_from_a_method_dict():
     assert StepLog.of(1e-3, {"budget": 12.0}) == StepLog(1e-3, 12, None)
+    # an int, so metrics.jsonl says "budget": 12, never 12.0
+    assert type(StepLog.of(1e-3, {"budget": 12.0}).budget) is int
     assert StepLog.of(1e-3, {"budget": 4, "ranks": {"a": 3, "b": 1}}) == \
         StepLog(1e-3, 4, {"a": 3, "b": 1})
     assert StepLog.of(2e-3, {}) == StepLog(2e-3)
