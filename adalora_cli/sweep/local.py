@@ -34,6 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import threads
 from ..config import load_config
+from ..errors import EXIT_BUSY, EXIT_PREEMPTED
 from ..rundir.layout import CONFIG, LAUNCH, SWEEP_LOG, SWEEP_MANIFEST
 from ..rundir.owner import PARENT_ENV, identity, launch_alive, owner_alive
 from ..rundir.run import RunDir, is_finished, locked
@@ -165,9 +166,6 @@ def _last_error(log: Path) -> str:
         return "no log"
     errors = [line for line in lines if line.startswith("error:")]
     return (errors or lines or ["exited without output"])[-1][:300]
-
-
-EXIT_BUSY, EXIT_PREEMPTED = 73, 75  # as adalora_cli.cli defines them
 
 
 class _Job:
