@@ -20,7 +20,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,7 +28,9 @@ from safetensors.torch import load_file, save_file
 
 from ..rundir.layout import CHECKPOINTS
 from . import faults
-from .step import Stepper
+
+if TYPE_CHECKING:  # annotations only: reading a checkpoint needs no model code
+    from .step import Stepper
 
 TENSORS = "trainable.safetensors"
 STATE = "state.pt"
@@ -50,7 +52,9 @@ class Position:
     seconds_now: float = 0.0
     """Training time up to the checkpoint being written."""
     saved_step: int = -1
+    """The step of the newest checkpoint written (-1: none yet)."""
     checkpoint_bytes: int = 0
+    """That checkpoint's size on disk, for the summary."""
     eval_pending: bool = False
     """The evaluation due at ``step`` was cut short by a stop signal: run it first."""
 
