@@ -21,6 +21,7 @@ from huggingface_hub.utils import HFValidationError
 
 from .. import resources
 from ..config import ConfigError, RunConfig
+from ..errors import first_line
 from ..methods import apply_method, parameter_table
 from ..methods.base import MethodHandle
 from ..methods.budget_params import budget_info
@@ -79,11 +80,6 @@ def autocast_factory(precision: str, device: torch.device):
         precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return (lambda: torch.autocast("cuda", dtype=dtype)), dtype
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
 
 
 def _looks_local(name: str) -> bool:
