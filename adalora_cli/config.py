@@ -28,7 +28,8 @@ class TaskConfig:
 
     name: str = "rte"
     """Task key: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), squad_v1, squad_v2,
-    xsum, cnn_dailymail, or an offline demo (rotten_tomatoes, bbc_news)."""
+    xsum, cnn_dailymail, causal_lm (your own JSONL/CSV/Parquet on a decoder-only model), or an
+    offline demo (rotten_tomatoes, bbc_news)."""
     dataset: str | None = None
     """Hub dataset id; None means the task's default (nyu-mll/glue for GLUE)."""
     data_dir: str | None = None
@@ -64,12 +65,38 @@ class TaskConfig:
     values above 1 favour longer summaries."""
     no_repeat_ngram_size: int = 0
     """Summarization: never generate the same n-gram of this size twice; 0 disables."""
+    source_prefix: str = ""
+    """Summarization: text put before every source, e.g. "summarize: " for T5 checkpoints,
+    which were pretrained with task prefixes; empty for BART."""
+    text_column: str = "text"
+    """causal_lm: column of plain-text rows (the loss covers every token)."""
+    prompt_column: str = "prompt"
+    """causal_lm: column of prompts, used verbatim (include any separator you want between
+    prompt and response); pairs with response_column."""
+    response_column: str = "response"
+    """causal_lm: column of the responses the model learns to write after the prompt."""
+    messages_column: str = "messages"
+    """causal_lm: column of chat conversations ([{role, content}, ...], ending with the
+    assistant's reply), rendered with the tokenizer's chat template."""
+    train_on_prompt: bool = False
+    """causal_lm: also compute the loss on prompt tokens (default: response tokens only)."""
+    packing: bool = False
+    """causal_lm: concatenate short training examples into rows of up to max_length tokens
+    (fewer padded tokens; examples in one row attend to each other, as in pretraining)."""
+    max_new_tokens: int = 0
+    """causal_lm: evaluation also generates a response (greedy, up to this many tokens) for
+    every prompt and scores exact match and ROUGE-L; 0 scores loss and perplexity only.
+    ``adalora predict`` generates up to this many tokens (64 when 0)."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     name_or_path: str = "microsoft/deberta-v3-base"
     """Hub id or local folder of a pretrained checkpoint."""
+    base_dtype: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
+    """Dtype of the frozen base weights; the trained adapter and head stay fp32. bf16/fp16
+    halve the base's memory and need CUDA with mixed precision (train.precision auto, bf16 or
+    fp16); 'auto' is bf16 where that holds and the GPU supports it, else fp32."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +199,10 @@ class TrainConfig:
     group_by_length: bool = False
     """Batch training examples of similar length together (less padding, faster); off by
     default because it changes which examples share a batch."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass instead of keeping them: far
+    less activation memory for long sequences and big models, for one extra forward pass.
+    The model must support it (every transformers model with default targets does)."""
     length_split: int = 1
     """Run each batch as this many micro-batches of similar length, each padded on its own
     (same examples per step, fewer padded tokens; a CPU speed-up, see engine/split.py);

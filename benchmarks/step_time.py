@@ -39,17 +39,18 @@ def make_stepper(method: str, rank: int, total: int, batch: dict | list,
     cfg = resolve_resources(load_config(DEMO, [
         f"method.name={method}", f"adalora.init_rank={rank}", f"lora.r={rank}",
         f"adalora.budget={rank * 18}", "adalora.t_init=0",
-        "adalora.delta_t=10", "adalora.t_final=1"]))
+        "adalora.delta_t=10", "adalora.t_final=1", "train.learning_rate=1e-4",
+        "train.warmup_steps=0", "train.grad_accum=1", "train.max_grad_norm=1.0",
+        "train.precision=fp32"]))
     torch.manual_seed(0)
     model, _ = load_model(get_task(cfg), cfg)
     handle = apply_method(model, cfg, total)
     model.train()
     if ddp:  # benchmarks/ddp_step.py: the loop's distributed path
         model = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(handle.trainable, lr=1e-4)
-    # the training loop's own step: forward+backward, clip, AdamW, lr step, after-step
-    stepper = Stepper(model, handle, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
-                      torch.amp.GradScaler("cuda", enabled=False), max_grad_norm=1.0)
+    # the training loop's own step, built as the loop builds it: forward+backward, clip,
+    # AdamW, lr step, after-step
+    stepper = Stepper.build(model, handle, cfg.train, total, torch.device("cpu"))
     state = {"t": 0}
     pieces = batch if isinstance(batch, list) else [(batch, 1.0)]
 

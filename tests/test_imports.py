@@ -63,5 +63,6 @@ def test_registry_names_match_each_family_spec_table():
     assert families == {"glue:glue_task": set(GLUE_SPECS),
                         "rotten_tomatoes:rotten_tomatoes_task": {"rotten_tomatoes"},
                         "squad:squad_task": set(SQUAD_SPECS),
-                        "summarization:summarization_task": set(SUMMARIZATION_SPECS)}
+                        "summarization:summarization_task": set(SUMMARIZATION_SPECS),
+                        "causal_lm:causal_lm_task": {"causal_lm"}}
     assert len(tasks.TASKS) == sum(map(len, families.values()))

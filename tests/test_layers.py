@@ -1,7 +1,7 @@
 """The package's imports run one way (CONTRIBUTING.md, "The layer rule"), read from the source
 with ``ast`` so that lazy imports inside functions count too:
 
-    config -> rundir, heatmap, threads, resources -> methods, tasks, tracking -> engine
+    errors -> config -> rundir, heatmap, threads, resources -> methods, tasks, tracking -> engine
         -> artifacts -> sweep, report -> cli -> __main__
 
 A unit may import itself and any unit of a lower layer, never one of its own layer or above,
@@ -16,6 +16,7 @@ from tests.conftest import ROOT
 
 PACKAGE = ROOT / "adalora_cli"
 LAYERS = [
+    {"errors"},
     {"config"},
     {"rundir", "heatmap", "threads", "resources"},
     {"methods", "tasks", "tracking"},

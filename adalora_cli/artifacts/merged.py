@@ -39,7 +39,8 @@ def merge_into_base(model: nn.Module) -> int:
         if not (isinstance(layer, LinearWrapper) and hasattr(layer, "delta_weight")):
             raise ConfigError(f"{path} ({type(layer).__name__}) has no weight update to merge")
         base = layer.base
-        base.weight += layer.delta_weight().to(base.weight.dtype)  # (d_out, d_in)
+        # (d_out, d_in), transposed for a GPT-2 Conv1D whose weight is (d_in, d_out)
+        base.weight += layer.to_base_layout(layer.delta_weight()).to(base.weight.dtype)
         parent_path, _, name = path.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model
         setattr(parent, name, base)

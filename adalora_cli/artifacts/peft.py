@@ -8,11 +8,14 @@ dependency). The mapping onto PEFT's names and conventions:
 - AdaLoRA: our ``Q (r0, d_in)``, ``lam (r0,)``, ``P (d_out, r0)`` are PEFT's ``lora_A``,
   ``lora_E (r, 1)`` and ``lora_B``. PEFT scales by ``lora_alpha / (ranknum + 1e-5)`` with
   ``ranknum = init_r`` (kept when the rank pattern shrinks a layer), where we use
-  ``alpha / r0`` exactly (SPEC §1); ``lam`` is multiplied by ``(r0 + 1e-5) / r0`` so that
-  the product is ours.
+  ``alpha / r0`` exactly (docs/maths.md#svd-adaptation); ``lam`` is multiplied by
+  ``(r0 + 1e-5) / r0`` so that the product is ours.
 - The export is compact, as PEFT itself saves a trained AdaLoRA adapter: ``rank_pattern``
   holds one keep-flag per initial triplet and the tensors hold only the kept triplets, so
   the file has the paper's "# Params" (plus the head) rather than the r0 count.
+- GPT-2's ``Conv1D`` stores its weight as ``(d_in, d_out)``; our factors and PEFT's keep the
+  ``nn.Linear`` orientation for it too, so only ``fan_in_fan_out`` is set (see
+  :func:`fan_in_fan_out`).
 - The task head travels as PEFT's ``modules_to_save``; the task type tells PEFT which
   wrapper to build (none for QA models that use segment ids, see :func:`peft_task_type`).
 """
@@ -44,7 +47,8 @@ PEFT_EPS = 1e-5
 _TASK_TYPES = (("ForSequenceClassification", "SEQ_CLS"), ("ForQuestionAnswering", "QUESTION_ANS"),
                ("ForTokenClassification", "TOKEN_CLS"), ("ForConditionalGeneration",
                                                          "SEQ_2_SEQ_LM"),
-               ("ForSeq2SeqLM", "SEQ_2_SEQ_LM"), ("ForCausalLM", "CAUSAL_LM"))
+               ("ForSeq2SeqLM", "SEQ_2_SEQ_LM"), ("ForCausalLM", "CAUSAL_LM"),
+               ("LMHeadModel", "CAUSAL_LM"))  # GPT2LMHeadModel
 
 
 def check_peft_method(method: str | None) -> None:
@@ -112,8 +116,16 @@ def head_tensors(model: nn.Module, heads: list[str]) -> dict[str, torch.Tensor]:
             if name.split(".", 1)[0] in heads}
 
 
+def fan_in_fan_out(layers: list[tuple[str, nn.Module]]) -> bool:
+    """PEFT's flag for GPT-2's ``Conv1D`` (weight stored ``(d_in, d_out)``). Our factors keep
+    ``nn.Linear``'s orientation for both layouts, as PEFT's ``lora_A`` / ``lora_B`` do, so
+    the tensors go over unchanged; PEFT reads the flag to merge into the right layout (and
+    corrects it per layer, with a warning, in a model that mixes both layouts)."""
+    return any(layer.fan_in_fan_out for _, layer in layers)
+
+
 def base_config(cfg: RunConfig, model: nn.Module, summary: dict[str, Any], heads: list[str],
-                targets: list[str]) -> dict[str, Any]:
+                targets: list[str], transposed: bool = False) -> dict[str, Any]:
     facts = summary.get("export", {})
     return {
         "base_model_name_or_path": cfg.model.name_or_path,
@@ -123,7 +135,7 @@ def base_config(cfg: RunConfig, model: nn.Module, summary: dict[str, Any], heads
         "target_modules": targets,  # full module paths: PEFT matches them exactly
         "modules_to_save": heads or None,
         "bias": "none",
-        "fan_in_fan_out": False,
+        "fan_in_fan_out": transposed,
         "init_lora_weights": True,
     }
 
@@ -161,7 +173,7 @@ def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
     layers = [(p, m) for p, m in adapter_modules(model) if isinstance(m, SVDLinear | LoRALinear)]
     heads = head_modules(model)
     targets = [path for path, _ in layers]
-    config = base_config(cfg, model, summary, heads, targets)
+    config = base_config(cfg, model, summary, heads, targets, fan_in_fan_out(layers))
     r0_params = sum(p.numel() for _, m in layers for p in m.adapter_parameters())
     if method_spec(cfg.method.name).peft_type == "ADALORA":
         tensors, pattern = adalora_tensors(layers, kept_triplets(run_dir, layers))

@@ -8,7 +8,8 @@ column is carried over, else the row index is. Rows go through in batches of
 - classification: ``label`` (the class name) and ``scores`` (softmax probability per class);
   regression (STS-B): ``score``;
 - question answering: ``answer`` ("" when a v2 model prefers no answer);
-- summarization: ``summary`` (the task's generation settings: beams, lengths).
+- summarization: ``summary`` (the task's generation settings: beams, lengths);
+- causal_lm: ``response``, greedy, from a ``prompt`` (or chat ``messages``) column.
 
 The output is written under a temporary name and renamed when complete, and an existing
 file is never overwritten.
@@ -77,7 +78,7 @@ def _summarize(task, model, tokenizer, ds, device) -> list[dict[str, Any]]:
 
     column = task.spec.source_column
     require_columns(ds, [column], "the input")
-    sources = ["" if x is None else str(x) for x in ds[column]]
+    sources = task.source_texts(ds[column])  # with task.source_prefix (T5)
     enc = tokenizer(sources, max_length=task.cfg.task.max_length, truncation=True,
                     padding=True, return_tensors="pt")
     inputs = {k: enc[k].to(device) for k in ("input_ids", "attention_mask")}
@@ -92,6 +93,9 @@ def _no_autocast():
 
 
 def _family(task):
+    if hasattr(task, "predict_rows"):  # a task that knows its own predictions (causal_lm)
+        return lambda task, model, tokenizer, ds, device: task.predict_rows(
+            model, tokenizer, ds, device)
     from ..tasks.glue import TextClassificationTask
     from ..tasks.squad import SquadTask
     from ..tasks.summarization import SummarizationTask

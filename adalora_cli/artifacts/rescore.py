@@ -15,7 +15,6 @@ from the run's own data source.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -126,14 +125,3 @@ def _write_result(run_dir: Path, label: str, overrides: list[str],
     path = folder / f"{label}.json"
     write_json_atomic(path, result)
     return path
-
-
-def read_evals(run_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """Every ``eval/<name>.json`` of a run, by name (for reports)."""
-    out = {}
-    for path in sorted((Path(run_dir) / EVAL_DIR).glob("*.json")):
-        try:
-            out[path.stem] = json.loads(path.read_text())
-        except ValueError:
-            continue
-    return out

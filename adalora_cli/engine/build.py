@@ -21,6 +21,7 @@ from huggingface_hub.utils import HFValidationError
 
 from .. import resources
 from ..config import ConfigError, RunConfig
+from ..errors import first_line
 from ..methods import apply_method, parameter_table
 from ..methods.base import MethodHandle
 from ..methods.budget_params import budget_info
@@ -82,11 +83,6 @@ def autocast_factory(precision: str, device: torch.device):
     return (lambda: torch.autocast("cuda", dtype=dtype)), dtype
 
 
-def first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
-
-
 def _looks_local(name: str) -> bool:
     """A path the user meant as a folder (not a hub id like ``microsoft/deberta-v3-base``)."""
     if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
@@ -107,6 +103,86 @@ def load_model(task: Task, cfg: RunConfig):
         raise ConfigError(
             f"could not load model {name!r} ({first_line(err)}); "
             "set model.name_or_path to a local folder or check the network") from None
+
+
+@contextlib.contextmanager
+def weightless_loading():
+    """Inside: every transformers ``from_pretrained`` builds its model from ``config.json``
+    alone, and everything is created on the meta device (shapes and dtypes, no storage), so
+    a 7B-shaped model costs nothing; a folder without a tokenizer gives ``None``.
+
+    A dry run only counts parameters, and a task builds its model the way it builds it for
+    training (the right head, a warm start), so the loading is intercepted here rather than
+    taught to every task family."""
+    from transformers import AutoTokenizer, PretrainedConfig, PreTrainedModel
+
+    real_model = PreTrainedModel.__dict__["from_pretrained"]
+    real_tokenizer = AutoTokenizer.__dict__["from_pretrained"]
+
+    def from_config_only(cls, name, *args, config=None, **kwargs):
+        if not isinstance(config, PretrainedConfig):
+            config, kwargs = cls.config_class.from_pretrained(
+                config or name, return_unused_kwargs=True, **kwargs)
+        dtype = kwargs.get("dtype") or kwargs.get("torch_dtype")
+        return cls._from_config(config, **({"dtype": dtype} if dtype else {}))
+
+    def tokenizer_if_any(cls, *args, **kwargs):
+        try:
+            return real_tokenizer.__func__(cls, *args, **kwargs)
+        except (OSError, ValueError):  # a config-only folder: nothing needs a tokenizer
+            return None
+
+    PreTrainedModel.from_pretrained = classmethod(from_config_only)
+    AutoTokenizer.from_pretrained = classmethod(tokenizer_if_any)
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        PreTrainedModel.from_pretrained = real_model
+        AutoTokenizer.from_pretrained = real_tokenizer
+
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def base_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
+    """The dtype ``model.base_dtype`` asks for on ``device``; a half-precision base needs
+    autocast (CUDA with mixed precision), since our fp32 adapters meet it in every layer."""
+    name = cfg.model.base_dtype
+    _, amp = autocast_factory(cfg.train.precision, device)
+    if name == "auto":
+        return amp if amp is torch.bfloat16 else torch.float32
+    if name != "fp32" and amp is None:
+        raise ConfigError(f"model.base_dtype={name} needs CUDA with mixed precision, but this "
+                          f"run has device {device} and train.precision="
+                          f"{cfg.train.precision}; use model.base_dtype=fp32 (or auto)")
+    return _DTYPES[name]
+
+
+def cast_frozen(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Cast every frozen floating-point parameter to ``dtype`` (the trained adapter and head
+    keep fp32, which the optimizer needs); returns how many were cast."""
+    if dtype is torch.float32:
+        return 0
+    cast = 0
+    for p in model.parameters():
+        if not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+            cast += 1
+    return cast
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """``train.gradient_checkpointing``: recompute activations in the backward pass. The
+    non-reentrant form works with a frozen base (no input needs a gradient)."""
+    enable = (getattr(model, "activation_checkpointing_enable", None)
+              or getattr(model, "gradient_checkpointing_enable", None))
+    if enable is None or not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"{type(model).__name__} does not support gradient checkpointing; "
+                          "set train.gradient_checkpointing=false")
+    # the checkpointed layers drop the KV cache in training themselves; generation at
+    # evaluation keeps it
+    enable({"use_reentrant": False})
 
 
 @dataclass
@@ -143,15 +219,20 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
+    cast_frozen(model, base_dtype(cfg, device))
+    if cfg.train.gradient_checkpointing:
+        enable_checkpointing(model)
     return Built(cfg, task, model, tokenizer, data, handle, steps, device)
 
 
 def dry_run(cfg: RunConfig) -> dict[str, Any]:
-    """Build model and method, train nothing; the per-module table plus the totals."""
+    """Build model and method on the meta device, train nothing; the per-module table plus
+    the totals. Only ``config.json`` is read, so a 7B-shaped config takes seconds."""
     cfg = resolve_resources(cfg)
     check_method(cfg)
-    model, _ = load_model(get_task(cfg), cfg)
-    handle = apply_method(model, cfg, None)
+    with weightless_loading():
+        model, _ = load_model(get_task(cfg), cfg)
+        handle = apply_method(model, cfg, None)
     table = parameter_table(model)
     info = {
         "adapter_params": handle.adapter_params,

@@ -20,7 +20,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,22 +29,70 @@ from safetensors.torch import load_file, save_file
 from ..rundir.layout import CHECKPOINTS
 from . import faults
 
+if TYPE_CHECKING:  # annotations only: reading a checkpoint needs no model code
+    from .step import Stepper
+
 TENSORS = "trainable.safetensors"
 STATE = "state.pt"
 FORMAT = 1
 
 
 @dataclass
-class Resumed:
-    """What the loop needs back from a checkpoint besides the objects restored in place."""
+class Position:
+    """Where the loop stands: what a checkpoint saves besides the objects' own state."""
 
-    step: int
-    data: dict[str, Any]
-    """{"epoch": int, "epoch_start": generator state (uint8 tensor), "consumed": batches}."""
-    streams: dict[str, int]
-    """Bytes of each stream file at the checkpoint."""
-    train_seconds: float
-    path: Path
+    step: int = 0
+    epoch: int = 0
+    consumed: int = 0
+    """Micro-batches of the current epoch already used."""
+    epoch_start: torch.Tensor | None = None
+    """The order generator's state when the current epoch began."""
+    seconds: float = 0.0
+    """Training time spent by earlier attempts."""
+    seconds_now: float = 0.0
+    """Training time up to the checkpoint being written."""
+    saved_step: int = -1
+    """The step of the newest checkpoint written (-1: none yet)."""
+    checkpoint_bytes: int = 0
+    """That checkpoint's size on disk, for the summary."""
+    eval_pending: bool = False
+    """The evaluation due at ``step`` was cut short by a stop signal: run it first."""
+
+
+def state_of(stepper: Stepper, generator: torch.Generator, pos: Position,
+             rng: dict[str, Any], streams: dict[str, int], eval_pending: bool = False
+             ) -> dict[str, Any]:
+    """Everything but the trainable tensors, as ``state.pt`` holds it. ``rng`` and
+    ``streams`` are passed in because a checkpoint written when a stop signal cut an
+    evaluation short saves the ones from before that evaluation (``eval_pending``)."""
+    allocator = stepper.handle.allocator
+    return {
+        "optimizer": stepper.optimizer.state_dict(),
+        "scheduler": stepper.scheduler.state_dict(),
+        "scaler": stepper.scaler.state_dict(),
+        "allocator": allocator.state_dict() if allocator is not None else None,
+        "rng": rng,
+        "data": {"epoch": pos.epoch, "epoch_start": pos.epoch_start, "consumed": pos.consumed,
+                 "generator": generator.get_state()},
+        "streams": streams,
+        "eval_pending": eval_pending,
+        "train_seconds": pos.seconds_now,
+    }
+
+
+def restore(state: dict[str, Any], stepper: Stepper) -> Position:
+    """Put :func:`state_of`'s objects and RNGs back in place; returns the loop's position.
+    The caller cuts the streams back to ``state["streams"]``."""
+    stepper.optimizer.load_state_dict(state["optimizer"])
+    stepper.scheduler.load_state_dict(state["scheduler"])
+    stepper.scaler.load_state_dict(state["scaler"])
+    if stepper.handle.allocator is not None:
+        stepper.handle.allocator.load_state_dict(state["allocator"])
+    set_rng_state(state["rng"])
+    data = state["data"]
+    return Position(step=state["step"], epoch=data["epoch"], consumed=data["consumed"],
+                    epoch_start=data["epoch_start"], seconds=state["train_seconds"],
+                    saved_step=state["step"], eval_pending=state.get("eval_pending", False))
 
 
 def _step_dirs(run_path: Path) -> list[tuple[int, Path]]:

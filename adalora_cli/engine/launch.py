@@ -12,6 +12,8 @@ import logging
 import sys
 import uuid
 
+from ..errors import EXIT_PREEMPTED
+
 
 def _quiet_agent() -> None:
     """The elastic agent logs each worker's exit at WARNING/ERROR; the ranks already said
@@ -35,12 +37,12 @@ def launch(nproc: int, args: list[str]) -> int:
         elastic_launch(config, entrypoint=sys.executable)("-m", "adalora_cli", *args)
     except ChildFailedError as err:
         codes = [f.exitcode for f in err.failures.values()]
-        if 75 in codes:  # rank 0 checkpointed and said preempted; the rest were stopped
-            return 75
+        if EXIT_PREEMPTED in codes:  # rank 0 checkpointed and said so; the rest were stopped
+            return EXIT_PREEMPTED
         _, failure = err.get_first_failure()
         code = failure.exitcode
         return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell
     except Exception as err:  # e.g. SignalException: the launcher itself was stopped
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        return 75
+        return EXIT_PREEMPTED
     return 0

@@ -12,10 +12,8 @@ writes exactly the rows the uninterrupted one would have.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +21,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ConfigError, RunConfig, dump_config
+from ..errors import first_line
 from ..rundir.layout import CONFIG
 from ..rundir.run import RunBusy, RunDir, default_run_dir, write_text_atomic
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults
-from .build import Built, autocast_factory, build_run, first_line
+from .build import Built, build_run
 from .distributed import (
     World,
     any_rank,
@@ -41,13 +40,13 @@ from .distributed import (
     shutdown,
     world,
 )
+from .loggers import RunLogger, open_trackers
 from .order import EpochBatches, example_lengths
 from .outputs import trained_state, write_outputs
 from .progress import TrainProgress
-from .schedule import linear_schedule
 from .signals import Preempted, StopSignals
 from .split import LengthSplit
-from .step import Stepper
+from .step import StepLog, Stepper
 
 
 def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False) -> Path:
@@ -130,11 +129,6 @@ def _on_rank0(w: World, claim: Callable[[], RunDir]) -> RunDir | Silent:
     return run if w.main else Silent(Path(outcome[1]))
 
 
-def warn(message: str) -> None:
-    """A tracker problem: reported once, never fatal."""
-    print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
 def _own(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
          latest: Path | None, *, resumed: bool, w: World) -> Path:
     """Run the loop in a claimed directory and leave it finished, preempted or failed.
@@ -150,8 +144,7 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
                   latest: Path | None, *, resumed: bool, w: World) -> Path:
     trackers = None
     try:
-        trackers = (Trackers.open(built.cfg, run.path, resumed=resumed, warn=warn) if w.main
-                    else Trackers([], warn, built.cfg, run.path))
+        trackers = open_trackers(built.cfg, run.path, resumed=resumed, main=w.main)
         summary = _loop(built, run, stop, quiet or not w.main, latest, trackers, w)
         trackers.log_summary(summary)  # marks the tracker runs finished on close
     except BaseException as err:
@@ -175,27 +168,6 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
     return run.path
 
 
-@dataclass
-class Position:
-    """Where the loop stands: what a checkpoint saves besides the objects' own state."""
-
-    step: int = 0
-    epoch: int = 0
-    consumed: int = 0
-    """Micro-batches of the current epoch already used."""
-    epoch_start: torch.Tensor | None = None
-    """The order generator's state when the current epoch began."""
-    seconds: float = 0.0
-    """Training time spent by earlier attempts."""
-    seconds_now: float = 0.0
-    """Training time up to the checkpoint being written."""
-    saved_step: int = -1
-    checkpoint_bytes: int = 0
-    eval_pending: bool = False
-    """The evaluation due at ``step`` was cut short by a stop signal: run it first."""
-    results: dict[str, Any] = field(default_factory=dict)
-
-
 def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
           latest: Path | None, trackers: Trackers, w: World) -> dict[str, Any]:
     cfg, model, data, handle, steps = built.cfg, built.model, built.data, built.handle, built.steps
@@ -209,20 +181,13 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    autocast, amp_dtype = autocast_factory(t_cfg.precision, device)
-    optimizer = torch.optim.AdamW(handle.trainable, lr=t_cfg.learning_rate,
-                                  weight_decay=t_cfg.weight_decay)
-    stepper = Stepper(
-        model, handle, optimizer,
-        torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(t_cfg.warmup_steps, steps)),
-        torch.amp.GradScaler("cuda", enabled=amp_dtype is torch.float16),  # fp16 only
-        grad_accum=t_cfg.grad_accum, max_grad_norm=t_cfg.max_grad_norm, autocast=autocast)
+    stepper = Stepper.build(model, handle, t_cfg, steps, device)
     generator = torch.Generator().manual_seed(t_cfg.seed)
     lengths = example_lengths(data.train) if t_cfg.group_by_length else None
     batches = EpochBatches(data.train, t_cfg.batch_size, generator, lengths, world=w)
     loader = DataLoader(data.train, batch_sampler=batches, generator=generator,
                         collate_fn=LengthSplit(data.collate, t_cfg.length_split))
-    pos = _restore(latest, built, stepper, run) if latest is not None else Position()
+    pos = _restore(latest, built, stepper, run) if latest is not None else ckpt.Position()
 
     start = time.perf_counter()
 
@@ -245,7 +210,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             before = (ckpt.rng_state(), run.stream_sizes())  # all an evaluation changes
             try:
                 with stop.immediate():
-                    _evaluate(built, device, autocast, pos.step, run, progress, trackers, w)
+                    _evaluate(built, stepper, pos.step, logger, w)
             except Preempted:
                 save(before_eval=before)  # the resumed run evaluates this step again
                 raise stopped(stop.received) from None
@@ -258,6 +223,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
 
     with TrainProgress(total=steps, disable=quiet, start=pos.step) as progress, \
             _heartbeat(run, w) as beat:
+        logger = RunLogger(run, trackers, progress, t_cfg.log_every, steps)
         beat.step = pos.step
         if pos.eval_pending:  # a resumed run whose last evaluation was cut short
             boundary(eval_due=True)
@@ -276,17 +242,12 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                     continue
                 pos.step += 1
                 faults.hit("midstep", pos.step)
-                lr, logs = stepper.update(pos.step)
-                row = _train_row(pos.step, loss_sum / micro, lr, logs, reg)
+                log = stepper.update(pos.step)
+                row = _train_row(pos.step, loss_sum / micro, log, reg)
                 micro, loss_sum = 0, 0.0
-                if "ranks" in logs:
+                if log.ranks is not None:  # every rank must have chosen the same ranks
                     check_masks(handle.allocator.mask, pos.step, w)
-                    run.log_ranks(pos.step, logs["ranks"])
-                    trackers.log_ranks(pos.step, logs["ranks"])
-                if pos.step % t_cfg.log_every == 0 or pos.step == steps:
-                    run.log(row)
-                    trackers.log_row(row)
-                progress.advance(row)
+                logger.step(row, log)
                 beat.step = pos.step
                 faults.hit("step", pos.step)
                 boundary(eval_due=bool(t_cfg.eval_every) and pos.step % t_cfg.eval_every == 0
@@ -300,8 +261,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         train_seconds = pos.seconds + time.perf_counter() - start
         try:
             with stop.immediate():  # the checkpoint at T is saved: a stop loses nothing
-                results = _evaluate(built, device, autocast, pos.step, run, progress,
-                                    trackers, w)
+                results = _evaluate(built, stepper, pos.step, logger, w)
         except Preempted:
             raise stopped(stop.received) from None
         if w.main and hasattr(built.task, "save_predictions"):  # e.g. SQuAD's answers
@@ -324,21 +284,20 @@ def _heartbeat(run: RunDir | Silent, w: World):
     return Heartbeat(run.path, enabled=w.main)  # only rank 0 owns the run directory
 
 
-def _train_row(step: int, loss: float, lr: float, logs: dict[str, Any],
+def _train_row(step: int, loss: float, log: StepLog,
                reg: torch.Tensor | None) -> dict[str, Any]:
     if not math.isfinite(loss):
         raise FloatingPointError(f"loss became {loss} at step {step}; lower "
                                  "train.learning_rate")
-    row: dict[str, Any] = {"step": step, "loss": round(loss, 6), "lr": lr}
-    if "budget" in logs:
-        row["budget"] = int(logs["budget"])
+    row: dict[str, Any] = {"step": step, "loss": round(loss, 6), "lr": log.lr}
+    if log.budget is not None:
+        row["budget"] = log.budget
     if reg is not None:
         row["orth_reg"] = round(float(reg.detach()), 6)
     return row
 
 
-def _evaluate(built: Built, device, autocast, step: int, run: RunDir | Silent,
-              progress: TrainProgress, trackers: Trackers,
+def _evaluate(built: Built, stepper: Stepper, step: int, logger: RunLogger,
               w: World) -> dict[str, dict[str, float]]:
     """Rank 0 scores every split on the whole data (so the numbers do not depend on the
     number of processes); the other ranks wait for it."""
@@ -347,15 +306,14 @@ def _evaluate(built: Built, device, autocast, step: int, run: RunDir | Silent,
         barrier(w)
         return results
     for split, dataset in built.data.eval_splits.items():
-        progress.note(f"evaluating {split}")
+        logger.evaluating(split)
         metrics = built.task.evaluate(
             built.model, split, dataset, batch_size=built.cfg.train.eval_batch_size,
-            collate=built.data.collate, device=device, autocast=autocast)
+            collate=built.data.collate, device=built.device, autocast=stepper.autocast)
         results[split] = {k: float(v) for k, v in metrics.items()}
-        run.log({"step": step, "split": split, **results[split]})
-        trackers.log_eval(step, split, results[split])
+        logger.evaluated(step, split, results[split])
         faults.hit("eval", step)
-    progress.note("")
+    logger.evaluations_done()
     barrier(w)
     return results
 
@@ -365,27 +323,17 @@ def _size(path: Path) -> int:
 
 
 def _save(run: RunDir, built: Built, stepper: Stepper, generator: torch.Generator,
-          pos: Position, before_eval: tuple[dict, dict] | None = None) -> Path:
+          pos: ckpt.Position, before_eval: tuple[dict, dict] | None = None) -> Path:
     """``before_eval``: the RNG state and stream sizes from before an evaluation that a
     stop signal cut short; saved instead of the current ones, with the evaluation pending."""
-    allocator = built.handle.allocator
-    state = {
-        "optimizer": stepper.optimizer.state_dict(),
-        "scheduler": stepper.scheduler.state_dict(),
-        "scaler": stepper.scaler.state_dict(),
-        "allocator": allocator.state_dict() if allocator is not None else None,
-        "rng": before_eval[0] if before_eval else ckpt.rng_state(),
-        "data": {"epoch": pos.epoch, "epoch_start": pos.epoch_start, "consumed": pos.consumed,
-                 "generator": generator.get_state()},
-        "streams": before_eval[1] if before_eval else run.stream_sizes(),
-        "eval_pending": before_eval is not None,
-        "train_seconds": pos.seconds_now,
-    }
+    rng, streams = before_eval if before_eval else (ckpt.rng_state(), run.stream_sizes())
+    state = ckpt.state_of(stepper, generator, pos, rng, streams,
+                          eval_pending=before_eval is not None)
     return ckpt.save_checkpoint(run.path, pos.step, trained_state(built.model, built.handle),
                                 state, keep=built.cfg.train.keep_checkpoints)
 
 
-def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir) -> Position:
+def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir) -> ckpt.Position:
     tensors, state = ckpt.load_checkpoint(path)
     names = {name for name, _ in built.model.named_parameters()}
     unknown = sorted(set(tensors) - names)
@@ -393,15 +341,7 @@ def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir) -> Positio
         raise ValueError(f"{path} holds tensors this model lacks ({unknown[0]}); it was "
                          "written for another model or method")
     built.model.load_state_dict(tensors, strict=False)
-    stepper.optimizer.load_state_dict(state["optimizer"])
-    stepper.scheduler.load_state_dict(state["scheduler"])
-    stepper.scaler.load_state_dict(state["scaler"])
-    if built.handle.allocator is not None:
-        built.handle.allocator.load_state_dict(state["allocator"])
-    ckpt.set_rng_state(state["rng"])
+    pos = ckpt.restore(state, stepper)
     run.truncate_streams(state["streams"])
-    data = state["data"]
-    return Position(step=state["step"], epoch=data["epoch"], consumed=data["consumed"],
-                    epoch_start=data["epoch_start"], seconds=state["train_seconds"],
-                    saved_step=state["step"], checkpoint_bytes=_size(path),
-                    eval_pending=state.get("eval_pending", False))
+    pos.checkpoint_bytes = _size(path)
+    return pos

@@ -1,4 +1,5 @@
-"""One optimizer step, shared by the training loop and ``benchmarks/step_time.py``.
+"""One optimizer step, shared by the training loop and ``benchmarks/step_time.py``; both build
+it with :meth:`Stepper.build`, so the optimizer, scheduler and scaler they time are the same.
 
 Order inside a step follows SPEC section 5 (the authors' code): backward on every
 micro-batch -> unscale -> clip -> optimizer.step -> lr step -> method.after_step(t) (AdaLoRA
@@ -14,7 +15,29 @@ from typing import Any
 
 import torch
 
+from ..config import TrainConfig
 from ..methods.base import MethodHandle
+from .build import autocast_factory
+from .schedule import linear_schedule
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """What one optimizer step reports besides its loss."""
+
+    lr: float
+    """The learning rate the step used."""
+    budget: int | None = None
+    """AdaLoRA's total budget b(t) at this step (the cubic schedule of the paper's
+    Appendix A, docs/maths.md); None for other methods."""
+    ranks: dict[str, int] | None = None
+    """Every adapted matrix's rank, when the step changed the mask (a mask event)."""
+
+    @classmethod
+    def of(cls, lr: float, logged: dict[str, Any]) -> StepLog:
+        """From what a method's ``after_step`` returned: ``{"budget": b, "ranks": {...}}``."""
+        budget = logged.get("budget")
+        return cls(lr, int(budget) if budget is not None else None, logged.get("ranks"))
 
 
 @dataclass
@@ -29,6 +52,20 @@ class Stepper:
     grad_accum: int = 1
     max_grad_norm: float = 1.0
     autocast: Callable[[], Any] = contextlib.nullcontext
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, handle: MethodHandle, train: TrainConfig,
+              steps: int, device: torch.device) -> Stepper:
+        """AdamW, the linear warm-up/decay over ``steps`` and a GradScaler (enabled for
+        fp16 only: bf16 and fp32 need no loss scaling), as ``train`` configures them."""
+        autocast, amp_dtype = autocast_factory(train.precision, device)
+        optimizer = torch.optim.AdamW(handle.trainable, lr=train.learning_rate,
+                                      weight_decay=train.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, linear_schedule(train.warmup_steps, steps))
+        scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype is torch.float16)
+        return cls(model, handle, optimizer, scheduler, scaler, grad_accum=train.grad_accum,
+                   max_grad_norm=train.max_grad_norm, autocast=autocast)
 
     def backward(self, batch: dict[str, torch.Tensor], weight: float = 1.0,
                  regularize: bool = True) -> tuple[float, torch.Tensor | None]:
@@ -62,10 +99,8 @@ class Stepper:
                 reg = piece_reg
         return loss, reg
 
-    def update(self, t: int) -> tuple[float, dict[str, Any]]:
-        """Apply the accumulated gradients as optimizer step ``t`` (from 1).
-
-        Returns the learning rate the step used and what the method's after-step logged."""
+    def update(self, t: int) -> StepLog:
+        """Apply the accumulated gradients as optimizer step ``t`` (from 1)."""
         opt = self.optimizer
         if self.scaler.is_enabled():
             # Unscale always, not only to clip: the allocator's |w * grad| (Eq. 8) must see
@@ -78,6 +113,6 @@ class Stepper:
         self.scaler.update()
         self.scheduler.step()
         after = self.handle.after_step
-        logs = after(t) if after is not None else {}
+        log = StepLog.of(lr, after(t)) if after is not None else StepLog(lr)
         opt.zero_grad(set_to_none=True)
-        return lr, logs
+        return log

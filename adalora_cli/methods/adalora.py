@@ -2,7 +2,8 @@
 
 :class:`SVDLinear` wraps a frozen ``nn.Linear`` and adds ``(alpha / r0) * P diag(lam) Q x``.
 The rank allocator (``allocator.py``) prunes a matrix's rank by zeroing entries of ``lam``;
-``P`` and ``Q`` are never masked and the scaling keeps the *initial* rank ``r0`` (SPEC §1).
+``P`` and ``Q`` are never masked and the scaling keeps the *initial* rank ``r0``
+(docs/maths.md#svd-adaptation, Eq. (3)).
 
 :func:`orthogonal_regularizer` works on any layer that exposes ``factors() -> (left, right)``
 with ``left`` of shape ``(d_out, r)`` and ``right`` of shape ``(r, d_in)``: ``(P, Q)`` here,
@@ -17,7 +18,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .base import LinearWrapper, optional_dropout
+from .base import LinearWrapper, linear_dims, optional_dropout
 
 RegForm = Literal["code", "paper"]
 
@@ -25,14 +26,15 @@ RegForm = Literal["code", "paper"]
 class SVDLinear(LinearWrapper):
     """``h = W0 x + b + (alpha / r0) * P diag(lam) Q dropout(x)`` around a frozen linear."""
 
-    def __init__(self, base: nn.Linear, r0: int, alpha: float, dropout: float = 0.0):
+    def __init__(self, base: nn.Module, r0: int, alpha: float, dropout: float = 0.0):
         super().__init__(base)
         self.r0 = r0
-        # alpha / r0 with the *initial* rank; it does not follow the pruned rank (SPEC §1).
+        # alpha / r0 with the *initial* rank; it does not follow the pruned rank
+        # (docs/maths.md#svd-adaptation).
         self.scaling = alpha / r0
         self.dropout = optional_dropout(dropout)
-        w = base.weight  # (d_out, d_in)
-        d_out, d_in = w.shape
+        w = base.weight  # (d_out, d_in); (d_in, d_out) for a Conv1D
+        d_out, d_in = linear_dims(base)
         kw = {"device": w.device, "dtype": w.dtype}
         self.P = nn.Parameter(torch.empty(d_out, r0, **kw).normal_(0.0, 0.02))  # (d_out, r0)
         self.lam = nn.Parameter(torch.zeros(r0, **kw))  # (r0,); 0 so Delta W = 0 at step 0
@@ -85,7 +87,7 @@ def _gram_distances(layers: Iterable[nn.Module]) -> torch.Tensor:
 
 
 def orthogonal_regularizer(layers: Iterable[nn.Module], form: RegForm = "code") -> torch.Tensor:
-    """Eq. 4 summed or averaged over the adapted matrices (SPEC §2).
+    """Eq. 4 summed or averaged over the adapted matrices (docs/maths.md#orthogonal-regularizer).
 
     ``code``: mean of the *unsquared* Frobenius norms over the list of all 2n factors (the
     form the paper's gamma values were tuned with). ``paper``: sum of the squared norms.

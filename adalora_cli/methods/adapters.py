@@ -2,10 +2,10 @@
 
 An adapter wraps an output projection: ``y = base(x); out = y + up(dropout(act(down(y))))``,
 so it sits after the projection and before that sublayer's residual add and LayerNorm
-(SPEC §6). ``down`` starts at N(0, 0.02) with a zero bias and ``up`` at zero, so the adapted
-model computes exactly what the pretrained one does at step 0. Houlsby puts one after the
-attention output and one after the FFN output of every layer (SiLU); Pfeiffer only after
-the FFN output (ReLU). Where they attach per model type lives in ``inject.py``.
+(docs/maths.md#methods). ``down`` starts at N(0, 0.02) with a zero bias and ``up`` at zero, so
+the adapted model computes exactly what the pretrained one does at step 0. Houlsby puts one
+after the attention output and one after the FFN output of every layer (SiLU); Pfeiffer only
+after the FFN output (ReLU). Where they attach per model type lives in ``inject.py``.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ class BottleneckAdapter(LinearWrapper):
 
     activation: type[nn.Module] = nn.ReLU
 
-    def __init__(self, base: nn.Linear, dim: int, dropout: float = 0.0):
+    def __init__(self, base: nn.Module, dim: int, dropout: float = 0.0):
         super().__init__(base)
-        w = base.weight  # (d_model, d_in): the adapter sees the projection's output
-        d_model = w.shape[0]
+        w = base.weight
+        d_model = self.out_features  # the adapter sees the projection's output
         kw = {"device": w.device, "dtype": w.dtype}
         self.down = nn.Linear(d_model, dim, **kw)  # weight (dim, d_model)
         self.up = nn.Linear(dim, d_model, **kw)  # weight (d_model, dim)

@@ -1,4 +1,5 @@
-"""Importance-aware rank allocation (Sec. 3.2-3.3, Algorithm 1; SPEC §3-5).
+"""Importance-aware rank allocation (Sec. 3.2-3.3, Algorithm 1, Eqs. (5)-(12);
+docs/maths.md#importance-score to docs/maths.md#masking).
 
 :func:`budget_schedule` is a pure function of the step: the corrected cubic of Appendix A.
 :class:`RankAllocator` keeps its state in flat tensors over every entry of every ``P``,
@@ -32,7 +33,8 @@ _LEFT, _LAM, _RIGHT = 0, 1, 2
 
 
 def budget_schedule(t: int, b0: int, bT: int, t_init: int, t_final: int, T: int) -> int:
-    """b(t), the number of unmasked singular values after step t (SPEC §4).
+    """b(t), the number of unmasked singular values after step t (Eq. (12) corrected;
+    docs/maths.md#budget-schedule).
 
     ``floor(bT + (b0 - bT) * (1 - (t - t_init) / (T - t_init - t_final)) ** 3)`` in the middle
     phase, computed in exact integer arithmetic so the floor never slips on a rounding error.
@@ -47,7 +49,8 @@ def budget_schedule(t: int, b0: int, bT: int, t_init: int, t_final: int, T: int)
 
 
 def check_schedule(b0: int, bT: int, t_init: int, t_final: int, T: int) -> None:
-    """Reject a pruning schedule that cannot run, before any training step (SPEC §4)."""
+    """Reject a pruning schedule that cannot run, before any training step
+    (docs/maths.md#budget-schedule)."""
     if bT < 1:
         raise ConfigError(f"adalora.budget must be >= 1 when pruning, got {bT}")
     if bT > b0:

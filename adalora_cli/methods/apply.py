@@ -2,7 +2,7 @@
 
 :func:`apply_method` freezes the whole model, injects the method's modules (through the
 builder its registry entry names), and makes exactly the method's parameters plus the task
-head trainable (SPEC §6). Adapter parameters are collected through the
+head trainable (docs/maths.md#methods). Adapter parameters are collected through the
 :class:`~adalora_cli.methods.base.AdapterModule` protocol, never by matching parameter names.
 """
 
@@ -16,7 +16,7 @@ from ..config import ConfigError, RunConfig
 from .adalora import SVDLinear, orthogonal_regularizer
 from .adapters import HoulsbyAdapter, PfeifferAdapter
 from .allocator import RankAllocator, check_schedule
-from .base import MethodHandle, adapter_modules, count, head_parameters
+from .base import MethodHandle, adapter_modules, count, head_parameters, linear_dims
 from .bitfit import bias_parameters
 from .inject import adapter_sites, replace_linears, resolve_targets
 from .lora import LoRALinear
@@ -32,8 +32,7 @@ def _adapter_params(layers: Layers) -> list[nn.Parameter]:
 def _check_rank(model: nn.Module, paths: list[str], rank: int, key: str) -> None:
     """A rank above min(d_in, d_out) adds nothing and, at sizes like r0 = 12,500, exhausts
     memory before the first step: refuse it before any factor is allocated."""
-    smallest = min(min(m.in_features, m.out_features)
-                   for m in (model.get_submodule(p) for p in paths))
+    smallest = min(min(linear_dims(model.get_submodule(p))) for p in paths)
     if rank > smallest:
         raise ConfigError(f"{key}={rank} exceeds the smallest adapted matrix dimension "
                           f"({smallest}); lower {key} (or the sweep's --budget)")
@@ -41,7 +40,7 @@ def _check_rank(model: nn.Module, paths: list[str], rank: int, key: str) -> None
 
 def _low_rank(model: nn.Module, cfg: RunConfig, total_steps: int | None, *, rank: int,
               rank_key: str, gamma: float, prune: bool,
-              wrap: Callable[[nn.Linear], nn.Module]) -> MethodHandle:
+              wrap: Callable[[nn.Module], nn.Module]) -> MethodHandle:
     """Shared by AdaLoRA and LoRA: inject, regularizer, and the allocator when pruning.
 
     Pruning (AdaLoRA, or prune-LoRA) takes its budget, schedule and score from

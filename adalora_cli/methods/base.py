@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from .allocator import RankAllocator
 
@@ -26,21 +27,53 @@ class AdapterModule(Protocol):
     def adapter_parameters(self) -> Iterator[nn.Parameter]: ...
 
 
-class LinearWrapper(nn.Module):
-    """Wraps a frozen ``nn.Linear`` (``self.base``) and keeps its shape visible, so code
-    that reads ``in_features`` / ``out_features`` keeps working after injection."""
+LINEAR_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, Conv1D)
+"""Layers a method can wrap: ``nn.Linear`` and transformers' ``Conv1D`` (GPT-2's family),
+which computes the same ``x W^T + b`` but stores ``W`` transposed, as ``(d_in, d_out)``."""
 
-    def __init__(self, base: nn.Linear):
+
+def is_transposed(module: nn.Module) -> bool:
+    """True for a ``Conv1D``: its ``weight`` is ``(d_in, d_out)`` (PEFT's fan_in_fan_out)."""
+    return isinstance(module, Conv1D)
+
+
+def linear_dims(module: nn.Module) -> tuple[int, int]:
+    """``(d_out, d_in)`` of an ``nn.Linear`` or a ``Conv1D``."""
+    d0, d1 = module.weight.shape
+    return (d1, d0) if is_transposed(module) else (d0, d1)
+
+
+class LinearWrapper(nn.Module):
+    """Wraps a frozen linear layer (``self.base``: ``nn.Linear`` or ``Conv1D``) and keeps
+    its shape visible, so code that reads ``in_features`` / ``out_features`` keeps working
+    after injection. The adapters always work in ``nn.Linear``'s ``(d_out, d_in)`` layout;
+    :meth:`to_base_layout` turns such a matrix into the base's own layout."""
+
+    def __init__(self, base: nn.Module):
         super().__init__()
         self.base = base
 
     @property
     def in_features(self) -> int:
-        return self.base.in_features
+        return linear_dims(self.base)[1]
 
     @property
     def out_features(self) -> int:
-        return self.base.out_features
+        return linear_dims(self.base)[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The frozen base weight: model code reads it (T5 checks ``wo.weight.dtype``)."""
+        return self.base.weight
+
+    @property
+    def fan_in_fan_out(self) -> bool:
+        return is_transposed(self.base)
+
+    def to_base_layout(self, delta: torch.Tensor) -> torch.Tensor:
+        """A ``(d_out, d_in)`` matrix in the layout of ``base.weight`` (transposed for
+        ``Conv1D``), so that ``base.weight + to_base_layout(Delta W)`` merges it."""
+        return delta.T if self.fan_in_fan_out else delta
 
 
 def optional_dropout(p: float) -> nn.Module:
@@ -57,11 +90,16 @@ def head_parameters(model: nn.Module) -> list[nn.Parameter]:
     """Parameters outside the pretrained backbone (``model.base_model``): the task head.
 
     Found by module identity, so tied weights (BART's lm_head = shared embeddings) are not
-    counted as head."""
+    counted as head. A language model's output embeddings (an untied ``lm_head``, as in
+    Llama or Qwen) are pretrained, not a new task head: they stay frozen, as in PEFT."""
     base = getattr(model, "base_model", model)
     if base is model:
         return []
     in_base = {id(p) for p in base.parameters()}
+    get_head = getattr(model, "get_output_embeddings", None)
+    lm_head = get_head() if callable(get_head) else None
+    if lm_head is not None:
+        in_base |= {id(p) for p in lm_head.parameters()}
     seen: set[int] = set()
     out = []
     for p in model.parameters():

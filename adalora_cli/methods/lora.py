@@ -3,7 +3,8 @@
 ``A`` starts Kaiming-uniform (the same rule ``nn.Linear`` uses for its weight) and ``B`` at
 zero, so ``Delta W = 0`` at step 0. Doublet ``i`` is ``(B[:, i], A[i, :])``; prune-LoRA (Table
 5) zeroes whole doublets with the rank allocator, and LoRA_regu (Table 6) applies the
-orthogonal regularizer to ``(B, A)`` through :meth:`LoRALinear.factors`.
+orthogonal regularizer to ``(B, A)`` through :meth:`LoRALinear.factors`. The base may be a
+GPT-2 ``Conv1D`` (weight stored as ``(d_in, d_out)``); ``A`` and ``B`` keep the shapes above.
 """
 
 from __future__ import annotations
@@ -14,19 +15,19 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .base import LinearWrapper, optional_dropout
+from .base import LinearWrapper, linear_dims, optional_dropout
 
 
 class LoRALinear(LinearWrapper):
     """A frozen ``nn.Linear`` plus the low-rank update ``(alpha / r) B A``."""
 
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
+    def __init__(self, base: nn.Module, r: int, alpha: float, dropout: float = 0.0):
         super().__init__(base)
         self.r = r
         self.scaling = alpha / r
         self.dropout = optional_dropout(dropout)
-        w = base.weight  # (d_out, d_in)
-        d_out, d_in = w.shape
+        w = base.weight  # (d_out, d_in); (d_in, d_out) for a Conv1D
+        d_out, d_in = linear_dims(base)
         kw = {"device": w.device, "dtype": w.dtype}
         self.A = nn.Parameter(torch.empty(r, d_in, **kw))  # (r, d_in)
         self.B = nn.Parameter(torch.zeros(d_out, r, **kw))  # (d_out, r)

@@ -14,7 +14,6 @@ import fcntl
 import json
 import math
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -252,7 +251,3 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def elapsed_since(start: float) -> float:
-    return round(time.perf_counter() - start, 3)

@@ -34,6 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import threads
 from ..config import load_config
+from ..errors import EXIT_BUSY, EXIT_PREEMPTED
 from ..rundir.layout import CONFIG, LAUNCH, SWEEP_LOG, SWEEP_MANIFEST
 from ..rundir.owner import PARENT_ENV, identity, launch_alive, owner_alive
 from ..rundir.run import RunDir, is_finished, locked
@@ -167,9 +168,6 @@ def _last_error(log: Path) -> str:
     return (errors or lines or ["exited without output"])[-1][:300]
 
 
-EXIT_BUSY, EXIT_PREEMPTED = 73, 75  # as adalora_cli.cli defines them
-
-
 class _Job:
     def __init__(self, run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
                  resume: bool):
@@ -216,7 +214,7 @@ def _settled(run: PlannedRun, sweep_dir: Path, console: Console) -> Outcome | No
 
 def clear_empty(path: Path) -> None:
     """Empty a claimed directory that holds no run (e.g. a start cut short); shared with
-    the SLURM launcher's jobs (issue 9)."""
+    the SLURM launcher's jobs."""
     for child in path.iterdir():
         if child.name not in (LAUNCH, ".lock"):
             if child.is_dir():

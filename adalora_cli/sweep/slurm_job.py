@@ -24,11 +24,10 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import EXIT_BUSY, EXIT_PREEMPTED
 from ..rundir.owner import PARENT_ENV
 from ..rundir.run import is_finished
 from .local import (
-    EXIT_BUSY,
-    EXIT_PREEMPTED,
     SweepLog,
     _last_error,
     claim_launch,

@@ -25,6 +25,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "rotten_tomatoes:rotten_tomatoes_task": ("rotten_tomatoes",),
     "squad:squad_task": ("squad_v1", "squad_v2"),
     "summarization:summarization_task": ("xsum", "cnn_dailymail", "bbc_news"),
+    "causal_lm:causal_lm_task": ("causal_lm",),
 }
 
 

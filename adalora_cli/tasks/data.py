@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..config import ConfigError, TaskConfig
+from ..errors import first_line
 
 EXTENSIONS = ("tsv", "csv", "json", "jsonl", "parquet")
 """File types a local split may have, in the order ``data_dir`` looks for them."""
@@ -39,12 +40,12 @@ def read_table(path: str | Path) -> datasets.Dataset:
     try:
         frame = _read_frame(path, ext)
     except (ValueError, OSError, pd.errors.ParserError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise ConfigError(f"could not read {path} as .{ext}: {first}") from None
     try:
         return datasets.Dataset.from_pandas(frame, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:  # e.g. a column of ints and names
-        first = str(err).strip().splitlines()[0][:200]
+        first = first_line(err)[:200]
         raise ConfigError(f"{path}: a column mixes value types ({first}); write each "
                           "column with one type") from None
 
@@ -119,7 +120,7 @@ def _load_hub(dataset: str, config_name: str | None,
     try:
         loaded = datasets.load_dataset(dataset, config_name)
     except Exception as err:  # noqa: BLE001 - offline, missing repo, auth: all user-fixable
-        first = (str(err).strip().splitlines() or [""])[0][:200]
+        first = first_line(err)[:200]
         raise ConfigError(
             f"could not load {source} from the hub ({type(err).__name__}: {first}); without "
             f"internet set task.data_dir to a folder with {'/'.join(splits)} files"

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, RunConfig
+from ..errors import first_line
 from . import data as rawdata
 from . import eval_order, metrics
 from .base import TaskData
@@ -103,7 +104,7 @@ class TextClassificationTask:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
         except OSError as err:  # missing folder, hub unreachable, no such repo
-            first = (str(err).strip().splitlines() or [""])[0][:200]
+            first = first_line(err)[:200]
             raise ConfigError(f"could not load model {path} ({first}); set "
                               "model.name_or_path to a local checkpoint folder") from None
         return model, tokenizer

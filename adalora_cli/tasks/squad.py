@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, RunConfig
+from ..errors import first_line
 from . import data as rawdata
 from . import eval_order, squad_postprocess, squad_scoring
 from .base import TaskData
@@ -162,7 +163,7 @@ class SquadTask:
                     "(or install tokenizers and sentencepiece)")
             model = AutoModelForQuestionAnswering.from_pretrained(path)
         except OSError as err:  # missing folder, hub unreachable, no such repo
-            first = (str(err).strip().splitlines() or [""])[0][:200]
+            first = first_line(err)[:200]
             raise ConfigError(f"could not load model {path} ({first}); set "
                               "model.name_or_path to a local checkpoint folder") from None
         return model, tokenizer

@@ -15,7 +15,9 @@ without gradients and in eval mode, then scores ROUGE-1/2/L/Lsum F x 100 (:mod:`
 against the untruncated references. The last evaluation's summaries are kept and written
 as ``predictions.jsonl`` (id, prediction, reference) by :meth:`save_predictions`.
 
-The model is ``AutoModelForSeq2SeqLM`` (``facebook/bart-large`` in the paper); a BERT
+The model is ``AutoModelForSeq2SeqLM`` (``facebook/bart-large`` in the paper; T5 and mT5, with
+relative position attention, work the same way, with ``task.source_prefix: "summarize: "``
+for checkpoints pretrained on prefixed tasks); a BERT
 checkpoint (the offline demo's MiniLM) is warm-started into the same BART shape by
 :mod:`.warm_start`, since an encoder alone cannot generate.
 """
@@ -175,6 +177,11 @@ class SummarizationTask:
         return rawdata.describe_source(self.cfg.task, split, dataset=dataset,
                                        config_name=config_name)
 
+    def source_texts(self, values: list[Any]) -> list[str]:
+        """Sources as the model reads them: ``task.source_prefix`` (T5's "summarize: ") first."""
+        prefix = self.cfg.task.source_prefix
+        return [prefix + ("" if x is None else str(x)) for x in values]
+
     def encode(self, ds: datasets.Dataset, split: str, tokenizer: Any) -> datasets.Dataset:
         """Token ids of sources and labels; evaluation splits keep ``id`` and ``reference``."""
         spec, task = self.spec, self.cfg.task
@@ -182,7 +189,7 @@ class SummarizationTask:
         keep_text = split != "train"  # scoring needs the raw reference and the row's id
 
         def tokenize(batch: dict[str, list]) -> dict[str, list]:
-            sources = ["" if x is None else str(x) for x in batch[spec.source_column]]
+            sources = self.source_texts(batch[spec.source_column])
             targets = ["" if x is None else str(x) for x in batch[spec.target_column]]
             enc = tokenizer(sources, max_length=task.max_length, truncation=True)
             labels = tokenizer(text_target=targets, max_length=task.max_target_length,

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, RunConfig
+from ..errors import describe
 from ..rundir.layout import RANK_PATTERN, TRACKERS
 from .base import Sink, flatten, run_info
 
@@ -82,7 +83,7 @@ class Trackers:
             try:
                 sink = _backend(name).open_sink(info)
             except Exception as err:  # a tracker never stops a run from starting
-                warn(f"{name} could not be opened ({_reason(err)}); "
+                warn(f"{name} could not be opened ({describe(err)}); "
                      "logging to the run directory only for it")
                 continue
             sinks.append(sink)
@@ -91,7 +92,7 @@ class Trackers:
             try:
                 (run_dir / TRACKERS).write_text(json.dumps(state, indent=2) + "\n")
             except OSError as err:
-                warn(f"{TRACKERS} could not be written ({_reason(err)}); "
+                warn(f"{TRACKERS} could not be written ({describe(err)}); "
                      "a resumed run will start new tracker runs")
         return cls(sinks, warn, cfg, run_dir)
 
@@ -152,7 +153,7 @@ class Trackers:
             image = _render(ranks, f"{self.label}: {what} at step {step} "
                                    f"(total {sum(ranks.values())})")
         except Exception as err:  # drawing is ours, but still never worth a run
-            self.warn(f"the rank heatmap could not be drawn ({_reason(err)}); skipped it")
+            self.warn(f"the rank heatmap could not be drawn ({describe(err)}); skipped it")
             return
         self._each("log_image", step, "rank_heatmap", image)
 
@@ -165,7 +166,7 @@ class Trackers:
             getattr(sink, method)(*args)
         except Exception as err:
             self.sinks.remove(sink)
-            self.warn(f"{sink.name} tracking failed ({_reason(err)}); dropped it, "
+            self.warn(f"{sink.name} tracking failed ({describe(err)}); dropped it, "
                       "the run goes on and its run directory is complete")
             if method != "close":
                 try:
@@ -186,8 +187,3 @@ def _render(ranks: dict[str, int], title: str):
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _reason(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__

@@ -1,4 +1,5 @@
-"""RankAllocator: importance EMAs, triplet scores, masking and resume (SPEC §3-5).
+"""RankAllocator: importance EMAs, triplet scores, masking and resume (Eqs. (5)-(11);
+docs/maths.md#importance-score, docs/maths.md#triplet-score, docs/maths.md#masking).
 
 Gradients are set by hand and the "optimizer step" is a plain update, so every expected
 value comes from a hand calculation or from the naive per-entry reference below.

@@ -1,4 +1,4 @@
-"""The cubic budget schedule of SPEC §4 and its up-front validation."""
+"""The cubic budget schedule (docs/maths.md#budget-schedule, Eq. (12)) and its validation."""
 
 from __future__ import annotations
 

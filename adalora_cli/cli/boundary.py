@@ -1,0 +1,135 @@
+"""What every command shares: its consoles, the quieted libraries, and the one error boundary
+that turns an exception into one ``error:`` line and the documented exit code.
+
+    2    bad input (ConfigError): the message says what to fix
+    1    a command or run that broke; a run's directory is marked failed
+    73   another live process owns the run directory
+    75   a run stopped by SIGTERM/SIGUSR1 with a checkpoint: resume it
+    130  Ctrl-C;  143  a sweep stopped by SIGTERM
+
+``ADALORA_DEBUG=1`` re-raises the unexpected ones (1 and 2) with their traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ..config import ConfigError
+from ..errors import (
+    EXIT_BUSY,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    describe,
+)
+
+
+def out() -> Console:  # made per call so redirected or captured streams are honoured
+    return Console()
+
+
+def err() -> Console:
+    return Console(stderr=True)
+
+
+def rank0() -> bool:
+    """Under torchrun every rank runs the command; rank 0 speaks for the run."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def quiet_libraries() -> None:
+    """Our progress bar and one-line errors only: silence the libraries' load reports,
+    per-map progress bars and advisory warnings (real errors still raise)."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.utils.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+
+
+def note(text: str) -> None:
+    if rank0():
+        err().print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def warning(text: str) -> None:
+    err().print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int) -> None:
+    # escape: a message may quote config text such as log.to=[wandb], not Rich markup
+    if rank0():  # under torchrun one line, not one per rank
+        err().print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _debug() -> bool:
+    return os.environ.get("ADALORA_DEBUG", "") not in ("", "0")
+
+
+def _raised(error: BaseException, module: str, name: str) -> bool:
+    """``isinstance(error, module.name)`` without importing ``module``: an exception of a
+    class can only exist once its module is loaded, and importing the engine just to look
+    would load torch into ``adalora report`` and ``--help``."""
+    cls = getattr(sys.modules.get(module), name, None)
+    return cls is not None and isinstance(error, cls)
+
+
+def os_error(error: OSError) -> str:
+    """One line for a file-system error: what failed, on which path."""
+    where = f" ({error.filename})" if error.filename else ""
+    return f"{error.strerror or type(error).__name__}{where}; check the path and free disk space"
+
+
+def explain(error: BaseException, interrupted: str, os_errors: bool) -> tuple[str, int]:
+    """The one line and the exit code for ``error`` (see the module docstring)."""
+    where = getattr(error, "run_dir", None)  # set by the loop on the directory it marked
+    if isinstance(error, KeyboardInterrupt):
+        resume = f" (resume it with adalora train --resume {where})" if where else ""
+        return interrupted + resume, EXIT_INTERRUPTED
+    if isinstance(error, ConfigError):
+        return str(error), EXIT_USAGE
+    if _raised(error, "adalora_cli.rundir.run", "RunBusy"):
+        return f"{error}; wait for it, or stop that process first", EXIT_BUSY
+    if _raised(error, "adalora_cli.engine.signals", "Preempted"):
+        return (f"{error}" if where else f"{error} before the run started; nothing was "
+                "written"), EXIT_PREEMPTED
+    if _raised(error, "adalora_cli.sweep.local", "SweepStopped"):
+        return ("stopped by SIGTERM; running runs were checkpointed and are resumed when "
+                "the sweep is started again"), EXIT_TERMINATED
+    if os_errors and isinstance(error, OSError):
+        return os_error(error), EXIT_FAILED
+    suffix = f" (run directory marked failed: {where})" if where else ""
+    return (f"{describe(error)}{suffix}; rerun with ADALORA_DEBUG=1 for the traceback",
+            EXIT_FAILED)
+
+
+@contextmanager
+def boundary(interrupted: str = "interrupted; nothing was left half-written",
+             os_errors: bool = False) -> Iterator[None]:
+    """Run a command's work: any exception leaves as one ``error:`` line and its exit code.
+
+    ``interrupted``: what Ctrl-C left behind, in this command's words. ``os_errors``: say
+    a file-system error as "what failed (path)", for commands that only read and write
+    files the user named (sweep, report)."""
+    try:
+        yield
+    except typer.Exit:
+        raise  # a command's own exit code (it has said what there was to say)
+    except (Exception, KeyboardInterrupt) as error:
+        message, code = explain(error, interrupted, os_errors)
+        if code in (EXIT_USAGE, EXIT_FAILED) and _debug():
+            raise
+        fail(message, code)

@@ -1,0 +1,37 @@
+"""``adalora export``: a trained run as a PEFT adapter or a merged transformers model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .boundary import boundary, out, quiet_libraries
+
+
+def export(
+    run_dir: Path = typer.Argument(..., help="A finished run directory"),
+    out_dir: Path = typer.Argument(..., help="New folder to write (must not exist)"),
+    fmt: str = typer.Option("peft", "--format", "-f",
+                            help="peft (PeftModel.from_pretrained loads it) or merged (Delta W "
+                                 "folded into the weights: a plain transformers model)"),
+) -> None:
+    """Export a trained run as a PEFT adapter or a merged transformers model."""
+    from ..artifacts.export import export_run
+
+    quiet_libraries()
+    with boundary():
+        info = export_run(run_dir, fmt, out_dir)
+    console = out()
+    if info["format"] == "peft":
+        kept = info["adapter_params"]
+        at_r0 = info["adapter_params_at_r0"]
+        note = f" (of {at_r0:,} at r0)" if kept != at_r0 else ""
+        console.print(f"PEFT {info['task_type'] or ''} adapter: {kept:,} adapter params{note}, "
+                      f"{info['head_params']:,} head params, {info['bytes']:,} bytes",
+                      highlight=False, soft_wrap=True)
+    else:
+        console.print(f"merged {info['merged_matrices']} matrices into a "
+                      f"{info['model_class']}: {info['bytes']:,} bytes", highlight=False,
+                      soft_wrap=True)
+    console.print(f"wrote {out_dir}", highlight=False)

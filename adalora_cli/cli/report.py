@@ -1,0 +1,31 @@
+"""``adalora report``: the paper's tables and figures from finished run directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .boundary import boundary, err, out
+
+
+def report(
+    paths: list[Path] = typer.Argument(..., help="Run directories, or folders holding them "
+                                                 "at any depth (e.g. runs/)"),
+    fmt: str = typer.Option("rich", "--format", "-f",
+                            help="rich, markdown, csv, latex, or several: markdown,csv; all"),
+    out_dir: Path | None = typer.Option(
+        None, "--out", help="Write the report files and figures (PNG) into this folder"),
+    paper: bool = typer.Option(False, "--paper", help="Show the paper's numbers beside ours, "
+                                                      "with the difference"),
+    figures: bool = typer.Option(True, "--figures/--no-figures", help="Figures (with --out)"),
+    eval_name: str | None = typer.Option(
+        None, "--eval", help="Show the scores of `adalora eval ... --name NAME` "
+                             "(eval/NAME.json) instead of the training's"),
+) -> None:
+    """Tables (paper Tables 1-3, 9) and figures (3-5) from finished run directories."""
+    from ..report.command import run_report
+
+    with boundary(interrupted="interrupted", os_errors=True):
+        run_report(list(paths), fmt, out_dir, paper=paper, figures=figures,
+                   eval_name=eval_name, out=out(), err=err())

@@ -1,0 +1,100 @@
+"""``adalora train``'s work between parsing and printing: a new run, a resumed one, a dry run,
+or either of the first two on ``--nproc`` local processes.
+
+Every problem with the arguments is a :class:`ConfigError`, raised before anything is
+written; the CLI's error boundary turns it into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, RunConfig, load_config, resume_config
+from ..rundir.layout import CONFIG
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """``adalora train``'s arguments, as parsed."""
+
+    config: str | None
+    overrides: list[str] = field(default_factory=list)
+    run_dir: Path | None = None
+    resume: Path | None = None
+    dry_run: bool = False
+    quiet: bool = False
+    nproc: int = 1
+    argv: list[str] = field(default_factory=list)
+    """The command's own arguments after ``train``: what ``--nproc`` starts on each rank."""
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What happened: exactly one field is set."""
+
+    run_dir: Path | None = None
+    """The run directory this process trained (one process, or a torchrun rank)."""
+    dry_run: dict[str, Any] | None = None
+    """``build.dry_run``'s per-module table and totals."""
+    exit_code: int | None = None
+    """``--nproc N``: the first failing rank's exit code, 0 when all finished."""
+
+
+def run_train(req: TrainRequest, note=lambda text: None) -> TrainOutcome:
+    """Do what ``req`` asks; ``note`` receives remarks for the user (e.g. starting over)."""
+    if req.nproc < 1:
+        raise ConfigError(f"--nproc must be >= 1, got {req.nproc}")
+    extra = list(req.overrides)
+    if req.resume is not None:
+        if req.run_dir is not None or req.dry_run:
+            raise ConfigError("--resume continues an existing run: drop --run-dir and "
+                              "--dry-run")
+        if req.config is not None:  # `train --resume DIR key=value`: no config is taken
+            if "=" not in req.config:
+                raise ConfigError(f"--resume takes its config from {req.resume}; drop "
+                                  f"{req.config!r} (only key=value overrides may follow)")
+            extra.insert(0, req.config)
+        from ..rundir.run import RunDir
+
+        RunDir.check_claimable(req.resume)
+        cfg = resume_config(req.resume / CONFIG, extra)
+    else:
+        if req.config is None:
+            raise ConfigError("pass a config (adalora train configs/glue/rte.yaml) or "
+                              "--resume RUN_DIR")
+        cfg = load_config(req.config, extra)
+        if req.dry_run:
+            from .build import dry_run
+
+            return TrainOutcome(dry_run=dry_run(cfg))
+    if req.nproc != 1:
+        return TrainOutcome(exit_code=_launch_ranks(req.nproc, cfg, req.argv))
+    from . import loop
+
+    if req.resume is not None:
+        return TrainOutcome(run_dir=loop.resume(req.resume, cfg, quiet=req.quiet, note=note))
+    return TrainOutcome(run_dir=loop.train(cfg, req.run_dir, quiet=req.quiet))
+
+
+def _launch_ranks(nproc: int, cfg: RunConfig, argv: list[str]) -> int:
+    """``adalora train ... --nproc N``: the same command on N processes (one machine; for
+    several machines call torchrun yourself with ``-m adalora_cli``)."""
+    from .distributed import World, per_rank_batch
+    from .launch import launch
+
+    if os.environ.get("WORLD_SIZE"):
+        raise ConfigError("--nproc is for launching; under torchrun drop it (torchrun sets "
+                          "the ranks)")
+    per_rank_batch(cfg.train.batch_size, World(0, nproc, 0))  # refused before any launch
+    args, skip = [], False
+    for arg in argv:  # `adalora train ...` without --nproc N
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    return launch(nproc, ["train", *args])

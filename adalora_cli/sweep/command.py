@@ -1,0 +1,95 @@
+"""``adalora sweep``'s work between parsing and the exit code: plan the grid, then list it
+(``--dry-run``), show where it stands (``--status``), or launch what is left."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ..config import ConfigError
+from .local import Outcome
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """``adalora sweep``'s arguments, as parsed."""
+
+    source: Path
+    overrides: list[str]
+    budget: str | None = None
+    methods: str | None = None
+    seeds: str | None = None
+    jobs: int = 1
+    sweep_dir: Path | None = None
+    dry_run: bool = False
+    quiet: bool = False
+    launcher: str = "local"
+    slurm: list[str] | None = None
+    status: bool = False
+    wait: bool = False
+
+
+def run_sweep(req: SweepRequest, out: Console, err: Console) -> int:
+    """Do what ``req`` asks, printing to ``out`` (results) and ``err`` (failures); returns
+    the exit code: 1 when a run failed or was preempted (rerunning the sweep resumes it)."""
+    from . import plan as sweeps
+    from .launch import make_launcher
+    from .local import describe
+
+    launcher = make_launcher(req.launcher, req.slurm, req.jobs, req.wait)
+    spec = sweeps.build_spec(req.source, req.budget, req.methods, req.seeds, req.overrides)
+    runs = sweeps.plan(spec)
+    where = req.sweep_dir or Path("runs") / spec.name
+    if where.exists() and not where.is_dir():
+        raise ConfigError(f"--sweep-dir {where} is a file; pass a folder (it is created "
+                          "if missing)")
+    if req.dry_run:
+        print_plan(describe(runs, where), where, out)
+        return 0
+    if req.status:  # what every run's directory and the scheduler say; nothing is launched
+        from .show import print_status
+        from .status import sweep_states
+
+        print_status(sweep_states(runs, where), where, out)
+        return 0
+    outcomes = launcher.launch(spec, runs, where, quiet=req.quiet)
+    if launcher.name == "slurm":  # submitted, not run: say what was queued and where
+        from .show import print_submitted
+
+        print_submitted(outcomes, where, out)
+        return 1 if any(o.status == "failed" for o in outcomes) else 0
+    return print_outcomes(outcomes, where, out, err)
+
+
+def print_plan(rows: list[dict], where: Path, out: Console) -> None:
+    table = Table(title=f"sweep plan ({where})")
+    for name in ("run", "method", "b(T)", "size", "seed", "adapter params", "trainable",
+                 "action"):
+        table.add_column(name, overflow="fold",
+                         justify="right" if name in ("adapter params", "trainable") else "left")
+    for r in rows:
+        table.add_row(r["run"], r["method"], str(r["budget_level"] or ""), r["size"],
+                      str(r["seed"]), f"{r['adapter_params']:,}", f"{r['trainable_params']:,}",
+                      r["action"])
+    out.print(table)
+    todo = sum(r["action"].startswith(("run", "rerun")) for r in rows)
+    out.print(f"{len(rows)} runs planned, {todo} would run; nothing was trained")
+
+
+def print_outcomes(outcomes: list[Outcome], where: Path, out: Console, err: Console) -> int:
+    """A local sweep's count line, then one line per run that needs another go."""
+    counts = {s: sum(o.status == s for o in outcomes)
+              for s in ("finished", "skipped", "busy", "preempted", "failed")}
+    out.print(f"{len(outcomes)} runs: {counts['finished']} finished now, {counts['skipped']} "
+              f"finished earlier (skipped), {counts['busy']} running elsewhere, "
+              f"{counts['preempted']} preempted, {counts['failed']} failed; sweep "
+              f"directory: {where}", highlight=False, soft_wrap=True)
+    for o in outcomes:
+        if o.status in ("failed", "preempted"):
+            err.print(f"{o.status}: {o.run.name}: {o.error} (log: {where}/logs/"
+                      f"{o.run.name}.log); rerun the sweep to resume it",
+                      highlight=False, soft_wrap=True)
+    return 1 if counts["failed"] or counts["preempted"] else 0

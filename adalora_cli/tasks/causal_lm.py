@@ -1,0 +1,245 @@
+"""``causal_lm``: fine-tune a decoder-only model (Llama, Qwen, Mistral, GPT-2, ...) on your own
+rows: local JSONL/CSV/Parquet (``task.data_dir`` or ``task.data_files``) or a hub dataset
+(``task.dataset``) with ``train`` and ``validation`` splits.
+
+Rows are ``text``, ``prompt`` + ``response`` or chat ``messages`` (:mod:`.causal_lm_data`);
+the loss covers response tokens only by default. Evaluation is the validation loss (mean
+cross-entropy per target token, the same tokens the training loss counts) and its
+perplexity ``exp(loss)``; with ``task.max_new_tokens > 0`` every prompted row also gets a
+greedy continuation, scored against the reference response by exact match (x 100, after
+stripping surrounding whitespace) and ROUGE-L F x 100, and written to ``predictions.jsonl``
+(id, prompt, prediction, reference) by :meth:`CausalLMTask.save_predictions`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..config import ConfigError, RunConfig
+from . import data as rawdata
+from . import eval_order
+from .base import TaskData
+from .causal_lm_data import LABEL_PAD, encode_row, pack, pad_left, pad_right, row_shape
+
+PREDICTIONS = "predictions.jsonl"
+SPLITS = ("train", "validation")
+PREDICT_TOKENS = 64
+"""``adalora predict``'s generation length when the run's task.max_new_tokens is 0."""
+
+
+class CausalLMTask:
+    """Language modelling on your own prompts and responses (or texts, or chats)."""
+
+    name = "causal_lm"
+    primary_metric = "loss"
+    eval_split_names = ("validation",)
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.tokenizer: Any = None  # set by load_data; generation decodes with it
+        self.predictions: dict[str, list[dict[str, str]]] = {}
+        if cfg.task.max_new_tokens < 0:
+            raise ConfigError(f"task.max_new_tokens must be >= 0 (0: no generation), got "
+                              f"{cfg.task.max_new_tokens}")
+
+    # ---------------------------------------------------------------- model
+
+    def build_model(self) -> tuple[nn.Module, Any]:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        path = self.cfg.model.name_or_path
+        config = AutoConfig.from_pretrained(path)  # OSError: reported by the caller
+        if getattr(config, "is_encoder_decoder", False):
+            raise ConfigError(f"model {path} ({config.model_type}) is an encoder-decoder; "
+                              "causal_lm needs a decoder-only model (use task.name=xsum with "
+                              "your data for sequence-to-sequence training)")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path)
+        except ValueError as err:  # transformers: no causal-LM class for this config
+            raise ConfigError(f"model {path} ({config.model_type}) has no causal language "
+                              f"model head ({str(err).splitlines()[0][:120]}); use a "
+                              "decoder-only checkpoint") from None
+        return model, AutoTokenizer.from_pretrained(path)
+
+    # ---------------------------------------------------------------- data
+
+    def where(self, split: str) -> str:
+        return rawdata.describe_source(self.cfg.task, split, dataset=self.cfg.task.dataset)
+
+    def encode(self, ds: datasets.Dataset, split: str, tokenizer: Any) -> list[dict[str, Any]]:
+        where = self.where(split)
+        if len(ds) == 0:
+            raise ConfigError(f"{where} has no rows; give the split some data")
+        shape = row_shape(list(ds.column_names), self.cfg.task, where)
+        ids = ([str(x) for x in ds["id"]] if "id" in ds.column_names
+               else [f"{split}-{i}" for i in range(len(ds))])
+        rows = []
+        for i, row in enumerate(ds):
+            encoded = encode_row(tokenizer, shape, row, self.cfg.task, f"{where} row {i + 1}")
+            rows.append({**encoded, "id": ids[i]})
+        return rows
+
+    def load_data(self, tokenizer: Any) -> TaskData:
+        if tokenizer.pad_token_id is None:  # most decoder tokenizers have none: pad with EOS
+            if tokenizer.eos_token_id is None:
+                raise ConfigError(f"the tokenizer of {self.cfg.model.name_or_path} has neither "
+                                  "a padding nor an end-of-sequence token; use one that has")
+            tokenizer.pad_token = tokenizer.eos_token
+        self.tokenizer = tokenizer
+        task = self.cfg.task
+        raw = rawdata.load_splits(task, SPLITS, dataset=task.dataset)
+        info: dict[str, Any] = {"task": self.name}
+        splits: dict[str, Any] = {}
+        for split, ds in raw.items():
+            limit = task.max_train_samples if split == "train" else task.max_eval_samples
+            rows = self.encode(rawdata.take(ds, limit), split, tokenizer)
+            info[f"{split}_examples"] = len(rows)
+            info[f"{split}_source"] = self.where(split)
+            splits[split] = rows
+        train = splits.pop("train")
+        train = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in train]
+        if task.packing:
+            train = pack(train, task.max_length)
+            info["train_packed_rows"] = len(train)
+        pad_id = tokenizer.pad_token_id
+        return TaskData(train=datasets.Dataset.from_list(train),
+                        eval_splits={k: datasets.Dataset.from_list(v) for k, v in splits.items()},
+                        collate=lambda items: pad_right(items, pad_id), info=info)
+
+    # ---------------------------------------------------------------- scoring
+
+    @torch.no_grad()
+    def token_loss(self, model: nn.Module, data: Dataset, *, batch_size: int,
+                   collate: Callable, device: torch.device,
+                   autocast: Callable[[], Any]) -> tuple[float, int]:
+        """(summed cross-entropy, number of target tokens) over a split."""
+        total, count = 0.0, 0
+        for rows in eval_order.sorted_batches(eval_order.input_lengths(data), batch_size):
+            batch = {k: v.to(device) for k, v in collate([data[i] for i in rows]).items()}
+            with autocast():
+                logits = model(input_ids=batch["input_ids"],
+                               attention_mask=batch["attention_mask"]).logits
+            # position t predicts token t + 1 (the model's own shift)
+            logits, labels = logits[:, :-1].float(), batch["labels"][:, 1:]
+            total += float(nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                ignore_index=LABEL_PAD, reduction="sum"))
+            count += int((labels != LABEL_PAD).sum())
+        return total, count
+
+    @torch.no_grad()
+    def generate(self, model: nn.Module, prompts: list[list[int]], *, batch_size: int,
+                 device: torch.device, autocast: Callable[[], Any],
+                 max_new_tokens: int) -> list[str]:
+        """Greedy continuations of token-id prompts, in prompt order (only the new text)."""
+        tok = self.tokenizer
+        out: list[str] = []
+        batches = eval_order.sorted_batches([len(p) for p in prompts], batch_size)
+        for rows in batches:
+            batch = {k: v.to(device) for k, v in
+                     pad_left([prompts[i] for i in rows], tok.pad_token_id).items()}
+            with autocast():
+                ids = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=tok.pad_token_id,
+                                     eos_token_id=tok.eos_token_id)
+            new = ids[:, batch["input_ids"].shape[1]:]
+            out.extend(t.strip() for t in tok.batch_decode(new, skip_special_tokens=True))
+        return eval_order.restore_order(out, batches)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, data: Dataset, *, batch_size: int,
+                 collate: Callable, device: torch.device,
+                 autocast: Callable[[], Any]) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        try:
+            total, count = self.token_loss(model, data, batch_size=batch_size, collate=collate,
+                                           device=device, autocast=autocast)
+            if count == 0:
+                raise ConfigError(f"{self.where(split)} has no target tokens to score")
+            loss = total / count
+            metrics = {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+            n_new = self.cfg.task.max_new_tokens
+            if n_new > 0 and "prompt_ids" in data.column_names:
+                metrics.update(self._generation_scores(model, split, data, batch_size,
+                                                       device, autocast, n_new))
+        finally:
+            model.train(was_training)
+        return metrics
+
+    def _generation_scores(self, model, split, data, batch_size, device, autocast,
+                           n_new) -> dict[str, float]:
+        from .rouge import rouge
+
+        prompts = list(data["prompt_ids"])
+        predictions = self.generate(model, prompts, batch_size=batch_size, device=device,
+                                    autocast=autocast, max_new_tokens=n_new)
+        references = [str(r) for r in data["reference"]]
+        decode = self.tokenizer.decode
+        self.predictions[split] = [
+            {"id": i, "prompt": decode(p, skip_special_tokens=True), "prediction": y,
+             "reference": r} for i, p, y, r in zip(data["id"], prompts, predictions, references)]
+        exact = sum(y == r.strip() for y, r in zip(predictions, references)) / len(predictions)
+        return {"exact_match": 100.0 * exact,
+                "rougeL": rouge(predictions, references)["rougeL"]}
+
+    def save_predictions(self, run_dir: Path) -> list[Path]:
+        """``predictions.jsonl`` when evaluation generated (task.max_new_tokens > 0)."""
+        if not self.predictions:
+            return []
+        path = Path(run_dir) / PREDICTIONS
+        with path.open("w", encoding="utf-8") as handle:
+            for rows in self.predictions.values():
+                for row in rows:
+                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        return [path]
+
+    # ---------------------------------------------------------------- predict
+
+    def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,
+                     device: torch.device) -> list[dict[str, Any]]:
+        """``adalora predict``: a ``response`` generated for every row's prompt (a chat's
+        messages, a prompt, or a text to continue)."""
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.tokenizer = tokenizer
+        task, columns = self.cfg.task, list(ds.column_names)
+        if task.messages_column in columns:
+            if not getattr(tokenizer, "chat_template", None):
+                raise ConfigError("the input holds chat messages but the tokenizer has no chat "
+                                  f"template; give a {task.prompt_column!r} column instead")
+            prompts = [tokenizer(tokenizer.apply_chat_template(
+                list(m), tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False)["input_ids"] for m in ds[task.messages_column]]
+        else:
+            column = next((c for c in (task.prompt_column, task.text_column) if c in columns),
+                          None)
+            if column is None:
+                raise ConfigError(f"the input has no {task.prompt_column!r} (or "
+                                  f"{task.messages_column!r}, {task.text_column!r}) column; "
+                                  f"it has {', '.join(columns)}")
+            prompts = [tokenizer("" if x is None else str(x))["input_ids"] for x in ds[column]]
+        prompts = [p[-task.max_length:] for p in prompts]  # keep the end: it is continued
+        out = self.generate(model, prompts, batch_size=len(prompts), device=device,
+                            autocast=_no_autocast,
+                            max_new_tokens=task.max_new_tokens or PREDICT_TOKENS)
+        return [{"response": text} for text in out]
+
+
+def _no_autocast():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def causal_lm_task(cfg: RunConfig) -> CausalLMTask:
+    return CausalLMTask(cfg)
