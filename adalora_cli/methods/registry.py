@@ -25,8 +25,8 @@ from ..config import RESUMABLE_KEYS, ConfigError, RunConfig
 
 # --------------------------------------------------------------------------- budget matching
 
-# Paper Appendix (hyperparameters), docs/maths.md: AdaLoRA's r0 for the tabulated mean final
-# rank rbar = b(T) / n. ceil(1.5 * rbar) reproduces 1 -> 2, 4 -> 6 and 8 -> 12, but gives 3
+# docs/maths.md#budget-levels (paper Tables 7, 9, 11): AdaLoRA's r0 for the tabulated mean
+# final rank rbar = b(T) / n. ceil(1.5 * rbar) reproduces 1 -> 2, 4 -> 6 and 8 -> 12, but gives 3
 # for rbar = 2 where the paper used 4.
 R0_TABLE = {1: 2, 2: 4, 4: 6, 8: 12}
 
@@ -64,7 +64,7 @@ class MethodSpec:
     b(T), which the level itself states otherwise)."""
     match: Callable[[int, Fraction], dict[str, int]] | None = None
     """Budget level b(T) and rbar = b(T) / n -> the config values that give this method the
-    matching size (paper Sec. 4 and Appendix); None: its size does not follow the budget."""
+    matching size (docs/maths.md#budget-levels); None: its size does not follow the budget."""
     peft_type: str | None = None
     """PEFT's ``peft_type`` when ``--format peft`` can export it."""
     mergeable: bool = False
@@ -73,7 +73,8 @@ class MethodSpec:
     saves_whole_model: bool = False
     """Its run saves the whole model (``model/``) instead of adapter + head."""
     prunes: Callable[[RunConfig], bool] = lambda cfg: False
-    """It allocates a budget b(T) with AdaLoRA's schedule (Eq. 11-12)."""
+    """It allocates a budget b(T) with AdaLoRA's schedule (Eq. 12,
+    docs/maths.md#budget-schedule)."""
     borrows: Callable[[RunConfig], tuple[str, ...]] = lambda cfg: ()
     """Other sections its training reads in this config (LoRA reads ``adalora`` when it
     prunes, for budget, schedule and score, or regularizes, for the form of Eq. 4)."""

@@ -5,7 +5,8 @@
 - Figure 4: metric against "# Params", one line per method, error bars = sample std.
 - Figure 5: the orthogonality penalty R (``orth_reg`` in metrics.jsonl) over training,
   mean over seeds with the min-max band. The paper plots the squared norms of single
-  matrices; R is what the loss used (SPEC section 2), so it is what we logged.
+  matrices; R is what the loss used (Eq. 4, docs/maths.md#orthogonal-regularizer), so it is
+  what we logged.
 
 Figures group runs exactly as the tables do: one curve or heatmap per experiment (runs that
 differ only in their seed), labelled with the config values that set it apart, if any. A run

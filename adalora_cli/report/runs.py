@@ -94,7 +94,8 @@ def column_values(task: str, report: TaskReport, metrics: dict) -> dict[Column, 
         found = dict(metrics.get(split) or {})
         if spec.metric == "corr" and "corr" not in found and {"pearson", "spearman"} <= set(
                 found):
-            found["corr"] = (found["pearson"] + found["spearman"]) / 2  # SPEC section 9
+            # STS-B's Corr: the mean of Pearson and Spearman (docs/maths.md#tasks-and-metrics)
+            found["corr"] = (found["pearson"] + found["spearman"]) / 2
         value = found.get(spec.metric)
         ok = isinstance(value, (int, float)) and math.isfinite(value)
         out[Column(f"{task}:{spec.label}", task, report.title, spec.label)] = (

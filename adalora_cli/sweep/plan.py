@@ -27,7 +27,8 @@ _RESERVED = ("method.name", "train.seed", "sweep.")
 
 @dataclass(frozen=True)
 class Sizes:
-    """The matched size of every built-in sized method at one budget level (paper Sec. 4)."""
+    """The matched size of every built-in sized method at one budget level
+    (docs/maths.md#budget-levels)."""
 
     rbar: Fraction
     init_rank: int
