@@ -131,6 +131,18 @@ def test_dry_run_ends_with_json(in_repo):
     assert "query" in result.output  # the per-module table
 
 
+@pytest.mark.parametrize("override, fragment", [
+    ("adalora.budget=1000", "adalora.budget=1000 exceeds the initial budget b0=48"),
+    ("adalora.t_final=0", "adalora.t_final must be >= 1 when pruning"),
+])
+def test_dry_run_refuses_a_schedule_a_real_run_refuses(in_repo, override, fragment):
+    """The dry run reads no data, so it cannot know T; everything else about the schedule
+    (b0 = 12 matrices x r0 4 = 48 on the smoke model) it checks as a real run does."""
+    result = run_cli("train", SMOKE, override, "--dry-run")
+    assert result.exit_code == 2, result.output
+    assert fragment in one_error_line(result)
+
+
 def cli_subprocess(*args: str, cwd: Path = ROOT):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("ADALORA_DEBUG", None)

@@ -48,9 +48,10 @@ def budget_schedule(t: int, b0: int, bT: int, t_init: int, t_final: int, T: int)
     return bT + ((b0 - bT) * left**3) // span**3
 
 
-def check_schedule(b0: int, bT: int, t_init: int, t_final: int, T: int) -> None:
+def check_schedule(b0: int, bT: int, t_init: int, t_final: int, T: int | None) -> None:
     """Reject a pruning schedule that cannot run, before any training step
-    (docs/maths.md#budget-schedule)."""
+    (docs/maths.md#budget-schedule). ``T=None`` (a dry run, which reads no data and so does
+    not know T) checks everything that does not depend on T."""
     if bT < 1:
         raise ConfigError(f"adalora.budget must be >= 1 when pruning, got {bT}")
     if bT > b0:
@@ -63,7 +64,7 @@ def check_schedule(b0: int, bT: int, t_init: int, t_final: int, T: int) -> None:
         # leaving a pattern above b(T); one frozen step guarantees the pattern is at b(T).
         raise ConfigError(f"adalora.t_final must be >= 1 when pruning, got {t_final}; the "
                           "final phase fixes the rank pattern at adalora.budget")
-    if t_init + t_final >= T:
+    if T is not None and t_init + t_final >= T:
         raise ConfigError(
             f"rank schedule does not fit: adalora.t_init={t_init} + adalora.t_final={t_final} "
             f"= {t_init + t_final} >= T={T} optimizer steps; shorten them or train longer"

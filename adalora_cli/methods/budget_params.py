@@ -17,6 +17,7 @@ from typing import Any
 from torch import nn
 
 from ..config import RunConfig
+from .allocator import check_schedule
 from .base import MethodHandle
 from .registry import method_spec
 
@@ -58,4 +59,7 @@ def budget_info(cfg: RunConfig, handle: MethodHandle) -> dict[str, Any]:
     """For a pruning method (AdaLoRA, prune-LoRA): the parameters b(T) keeps (dry run)."""
     if not method_spec(cfg.method.name).prunes(cfg):
         return {}
-    return final_budget_params(triplet_costs(handle.layers), cfg.adalora.budget)
+    costs, a = triplet_costs(handle.layers), cfg.adalora
+    # A dry run reads no data, so T is unknown: check the rest of the schedule as a run would.
+    check_schedule(sum(r0 for _, r0 in costs), a.budget, a.t_init, a.t_final, None)
+    return final_budget_params(costs, a.budget)
