@@ -266,6 +266,9 @@ def sweep(
                                 "scheduler); submit and train nothing."),
     wait: bool = typer.Option(
         False, "--wait", help="With --launcher slurm: block until the submitted jobs end."),
+    resubmit: bool = typer.Option(
+        False, "--resubmit", help="With --launcher slurm: also submit runs whose earlier job "
+                                  "may still be queued (where sacct and squeue cannot tell)."),
 ) -> None:
     """Run a grid of configs x methods x budgets x seeds, one `adalora train` per run.
 
@@ -278,7 +281,7 @@ def sweep(
 
     _quiet_libraries()
     try:
-        launcher = make_launcher(launcher_name, slurm, jobs, wait)  # issue 9
+        launcher = make_launcher(launcher_name, slurm, jobs, wait, resubmit)  # issue 9
         spec = sweeps.build_spec(source, budget, methods, seeds, overrides or [])
         runs = sweeps.plan(spec)
         where = sweep_dir or Path("runs") / spec.name

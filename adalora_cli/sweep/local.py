@@ -48,6 +48,10 @@ class Outcome:
     earlier) or 'busy' (running elsewhere)."""
     seconds: float = 0.0
     error: str = ""
+    job: str = ""
+    """SLURM launcher: the run's scheduler job id."""
+    source: str = ""
+    """SLURM launcher: which tool told the job's state (sacct, squeue, ...)."""
 
 
 def run_state(path: Path) -> str:

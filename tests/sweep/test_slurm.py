@@ -93,6 +93,7 @@ def test_sbatch_script_of_a_job_array(tmp_path, monkeypatch):
         f"#SBATCH --output={tmp_path}/%A_%a_0_log.out",
         "#SBATCH --partition=gpu",
         "#SBATCH --qos=high",
+        "#SBATCH --requeue",
         "#SBATCH --signal=USR2@120",
         "#SBATCH --time=2160",
         "#SBATCH --wckey=submitit",
