@@ -100,13 +100,17 @@ def test_squeue_failing_counts_as_no_answer(cluster):
 
 
 def test_a_job_that_logged_its_end_is_not_unknown(cluster):
-    """The job's own last event in sweep_log.jsonl says it left the queue."""
+    """The job's own last event in sweep_log.jsonl says whether it left the queue: both
+    runs stopped with a checkpoint, but only job 100_0 was requeued."""
     _, _, runs, where = cluster
+    for run in runs:
+        (where / run.name).mkdir()
+        (where / run.name / "config.yaml").write_text("{}\n")
+        (where / run.name / "status.json").write_text('{"status": "preempted", "step": 4}')
     with open(where / "sweep_log.jsonl", "a") as f:
-        f.write(json.dumps({"run": runs[1].name, "event": "failed", "job": "100_1",
-                            "error": "exit 2: error: x"}) + "\n")
+        f.write(json.dumps({"run": runs[1].name, "event": "preempted", "job": "100_1"}) + "\n")
         f.write(json.dumps({"run": runs[0].name, "event": "requeued", "job": "100_0"}) + "\n")
-    assert [r.state for r in sweep_states(runs, where)] == ["unknown", "failed"]
+    assert [r.state for r in sweep_states(runs, where)] == ["unknown", "preempted"]
 
 
 def test_status_names_its_source_and_the_way_out(cluster):
