@@ -106,9 +106,9 @@ def test_a_multi_gpu_job_is_one_torchrun(tmp_path):
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
                         "-m"]
     assert cmd[6:] == ["adalora_cli", "train", SMOKE, "method.name=lora", "--run-dir",
-                       str(tmp_path / "r"), "--quiet"]
+                       str(tmp_path / "r")]
     assert train_command(run, tmp_path / "r", resume=True)[1:] == [
-        "-m", "adalora_cli", "train", "--resume", str(tmp_path / "r"), "--quiet"]
+        "-m", "adalora_cli", "train", "--resume", str(tmp_path / "r")]
 
 
 @pytest.mark.parametrize("args, fragment", [
