@@ -149,9 +149,7 @@ def train(
         _fail(f"{e}" if where else f"{e} before the run started; nothing was written",
               EXIT_PREEMPTED)
     except KeyboardInterrupt as e:
-        where = getattr(e, "run_dir", None)
-        _fail("interrupted; the run directory is marked failed"
-              + (f" (resume it with adalora train --resume {where})" if where else ""), 130)
+        _fail(_interrupted(getattr(e, "run_dir", None)), 130)
     except Exception as e:  # a run that broke mid-way: one line, the directory says failed
         if _debug():
             raise
@@ -163,6 +161,21 @@ def train(
         raise typer.Exit(code)  # each rank said what there was to say
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
         _print_result(path)
+
+
+def _interrupted(where: Path | None) -> str:
+    """What a second Ctrl-C left behind, truthfully: a resume continues from the latest
+    checkpoint, or starts over when there is none."""
+    if where is None:
+        return "interrupted before the run started; nothing was written"
+    from ..engine.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(where)
+    if latest is None:
+        return (f"interrupted; {where} is marked failed and has no checkpoint yet (a "
+                f"resume, adalora train --resume {where}, starts it over from step 0)")
+    return (f"interrupted; {where} is marked failed; adalora train --resume {where} "
+            f"continues from its last checkpoint (step {int(latest.name[5:])})")
 
 
 def _note(text: str) -> None:

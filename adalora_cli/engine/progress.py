@@ -21,8 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
-
-from ..config import ConfigError
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -31,6 +29,8 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from ..config import ConfigError
 
 ENV = "ADALORA_PROGRESS_EVERY"
 DEFAULT_EVERY = "30s"

@@ -30,8 +30,7 @@ def test_a_piped_training_run_prints_plain_lines(tmp_path):
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "adalora_cli", "train",
                            "configs/smoke/glue.yaml", "--run-dir", str(out)],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=600)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     lines = [m for m in map(LINE.match, done.stdout.splitlines()) if m]
     assert [int(m[1]) for m in lines] == [8, 16, 24, 32]
