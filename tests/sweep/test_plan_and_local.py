@@ -218,6 +218,9 @@ def test_smoke_sweep_runs_every_combination(smoke_sweep):
             assert cfg.lora.r == 1  # rbar 0.67 and 1.33 both round to 1
     assert (smoke_sweep / "sweep.yaml").is_file()
     assert len(list((smoke_sweep / "logs").glob("*.log"))) == 8
+    for log in (smoke_sweep / "logs").glob("*.log"):  # the runs' progress, while they run
+        assert any(line.startswith("step 32/32 (100%)  loss ")
+                   for line in log.read_text().splitlines()), log
     events = [json.loads(line) for line in (smoke_sweep / SWEEP_LOG).read_text().splitlines()]
     assert sorted(e["run"] for e in events if e["event"] == "finished") == NAMES
 
