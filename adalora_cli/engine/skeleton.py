@@ -46,15 +46,20 @@ def read_model_config(path: str) -> Any:
                           "whose config is cached") from None
 
 
+def task_family(task_name: str) -> str:
+    """The task family module (``glue``, ``squad``, ``summarization`` ...): with the model
+    and the target modules, what decides the architecture and so n."""
+    factory = TASKS.get(task_name)
+    if factory is None:
+        raise ConfigError(f"unknown task.name {task_name!r}; valid names: {', '.join(TASKS)}")
+    return factory.module
+
+
 def model_skeleton(cfg: RunConfig) -> nn.Module:
     """The task's model for ``cfg`` on the meta device (``cfg``'s paths already resolved)."""
     import transformers
 
-    factory = TASKS.get(cfg.task.name)
-    if factory is None:
-        raise ConfigError(f"unknown task.name {cfg.task.name!r}; valid names: "
-                          f"{', '.join(TASKS)}")
-    family = factory.module
+    family = task_family(cfg.task.name)
     config = read_model_config(cfg.model.name_or_path)
     if family == "summarization" and config.model_type == "bert":
         from ..tasks.warm_start import bart_config_from_bert

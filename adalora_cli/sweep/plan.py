@@ -218,12 +218,14 @@ def count_matrices(config: Path, overrides: list[str], cache: dict) -> int:
     """n: how many matrices AdaLoRA adapts in this config's model (cached). Read from the
     model's config.json alone (no weights), so planning, ``--status`` and a SLURM
     submission work where the weights are not (a login node, offline)."""
-    cfg = load_config(config, [*overrides, "method.name=adalora"])
-    key = (cfg.model.name_or_path, tuple(cfg.method.target_modules or ()))
-    if key not in cache:
-        from ..engine.build import resolve_resources  # heavy: only when a budget is matched
-        from ..engine.skeleton import count_adapted
+    from ..engine.build import resolve_resources  # heavy: only when a budget is matched
+    from ..engine.skeleton import count_adapted, task_family
 
+    cfg = load_config(config, [*overrides, "method.name=adalora"])
+    # the family too: one checkpoint is a BERT under GLUE but a BART under summarization
+    key = (task_family(cfg.task.name), cfg.model.name_or_path,
+           tuple(cfg.method.target_modules or ()))
+    if key not in cache:
         cache[key] = count_adapted(resolve_resources(cfg))
     return cache[key]
 

@@ -97,3 +97,16 @@ def test_a_manifest_plans_offline(in_repo, tmp_path, fixtures):
                   "budgets": [6]}]}))
     # rbar = 6 / 12 = 1/2: Houlsby d = 4 * rbar = 2
     assert [r.size for r in plan(build_spec(manifest))] == ["d=2"]
+
+
+def test_one_checkpoint_under_two_task_families_is_counted_twice(in_repo, tmp_path):
+    """tiny-bert is 12 matrices under GLUE but the 32 of its warm-started BART under
+    summarization: one manifest with both sizes each run by its own n."""
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump({"name": "m", "runs": [
+        {"configs": ["configs/smoke/glue.yaml"], "methods": ["lora"], "budgets": [24]},
+        {"configs": ["configs/smoke/summarization.yaml"], "methods": ["lora"],
+         "budgets": [24], "overrides": ["model.name_or_path=tests/fixtures/tiny-bert"]}]}))
+    sizes = {r.name: r.size for r in plan(build_spec(manifest))}
+    # rbar 24 / 12 = 2 -> r 2;  24 / 32 = 0.75 -> r 1
+    assert sizes == {"glue-lora-b24-s0": "r=2", "summarization-lora-b24-s0": "r=1"}
