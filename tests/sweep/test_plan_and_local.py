@@ -28,8 +28,8 @@ from adalora_cli.sweep.plan import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = "configs/smoke/glue.yaml"
-DEBERTA = ("glue", "microsoft/deberta-v3-base", ())  # the n cache key: task family, model,
-# target modules
+# the n cache key: task family, model, target modules
+DEBERTA = ("glue", "microsoft/deberta-v3-base", ())
 runner = CliRunner()
 
 # SPEC section 7, copied by hand: rbar -> (AdaLoRA r0, LoRA r, Houlsby d, Pfeiffer d)
