@@ -226,7 +226,7 @@ class LogConfig:
 
     to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=list)
     """Trackers to log to, any of tensorboard, wandb, mlflow; each needs its extra
-    (pip install 'adalora[tensorboard]'). Empty: the run directory only."""
+    (make install installs them). Empty: the run directory only."""
     project: str | None = None
     """W&B project and MLflow experiment name; None means the sweep's name, else 'adalora'."""
     run_name: str | None = None

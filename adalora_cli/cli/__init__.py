@@ -21,14 +21,33 @@ from . import export, predict, report, sweep, train
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
     help="AdaLoRA and its baselines (Zhang et al., ICLR 2023): train, sweep, report, "
          "export, eval, predict.",
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from .boundary import out
+
+        try:
+            number = version("adalora")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            number = "unknown (not installed; run make install)"
+        out().print(f"adalora {number}", highlight=False)
+        raise typer.Exit(0)
+
+
 @app.callback()
-def main() -> None:
+def main(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True,
+        help="Print adalora's version and exit."),
+) -> None:
     """AdaLoRA experiment runner."""
     threads.apply_defaults()  # before torch loads: OpenMP reads its settings once
 

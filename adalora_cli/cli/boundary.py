@@ -97,8 +97,7 @@ def explain(error: BaseException, interrupted: str, os_errors: bool) -> tuple[st
     """The one line and the exit code for ``error`` (see the module docstring)."""
     where = getattr(error, "run_dir", None)  # set by the loop on the directory it marked
     if isinstance(error, KeyboardInterrupt):
-        resume = f" (resume it with adalora train --resume {where})" if where else ""
-        return interrupted + resume, EXIT_INTERRUPTED
+        return (interrupted_run(where) if where else interrupted), EXIT_INTERRUPTED
     if isinstance(error, ConfigError):
         return str(error), EXIT_USAGE
     if _raised(error, "adalora_cli.rundir.run", "RunBusy"):
@@ -114,6 +113,19 @@ def explain(error: BaseException, interrupted: str, os_errors: bool) -> tuple[st
     suffix = f" (run directory marked failed: {where})" if where else ""
     return (f"{describe(error)}{suffix}; rerun with ADALORA_DEBUG=1 for the traceback",
             EXIT_FAILED)
+
+
+def interrupted_run(where) -> str:
+    """What a second Ctrl-C left behind, truthfully: a resume continues from the latest
+    checkpoint, or starts over from step 0 when there is none."""
+    from ..engine.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(where)
+    if latest is None:
+        return (f"interrupted; {where} is marked failed and has no checkpoint yet (a "
+                f"resume, adalora train --resume {where}, starts it over from step 0)")
+    return (f"interrupted; {where} is marked failed; adalora train --resume {where} "
+            f"continues from its last checkpoint (step {int(latest.name[5:])})")
 
 
 @contextmanager

@@ -40,6 +40,9 @@ def sweep(
                                 "scheduler); submit and train nothing."),
     wait: bool = typer.Option(
         False, "--wait", help="With --launcher slurm: block until the submitted jobs end."),
+    resubmit: bool = typer.Option(
+        False, "--resubmit", help="With --launcher slurm: also submit runs whose earlier job "
+                                  "may still be queued (where sacct and squeue cannot tell)."),
 ) -> None:
     """Run a grid of configs x methods x budgets x seeds, one `adalora train` per run.
 
@@ -50,7 +53,8 @@ def sweep(
 
     quiet_libraries()
     request = SweepRequest(source, list(overrides or []), budget, methods, seeds, jobs,
-                           sweep_dir, dry_run, quiet, launcher, slurm, status, wait)
+                           sweep_dir, dry_run, quiet, launcher, slurm, status, wait,
+                           resubmit)
     with boundary(interrupted="interrupted; running runs were checkpointed and are resumed "
                               "when the sweep is started again", os_errors=True):
         code = run_sweep(request, out(), err())

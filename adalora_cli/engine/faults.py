@@ -10,7 +10,8 @@ a checkpoint. Unset (always, outside the tests), every call here is a dictionary
   published (a crash while writing);
 - ``enospc@checkpoint=N``: writing checkpoint N fails as on a full disk;
 - ``term@midstep=N`` / ``usr1@midstep=N``: the process sends itself SIGTERM / SIGUSR1 in the middle
-  of optimizer step N, as a scheduler would (``term@eval=N``: during the evaluation at N).
+  of optimizer step N, as a scheduler would (``term@eval=N``: during the evaluation at N);
+- ``int@midstep=N`` / ``int2@midstep=N``: Ctrl-C there, once / twice in a row.
 """
 
 from __future__ import annotations
@@ -40,5 +41,8 @@ def hit(where: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if fault[0] in ("term", "usr1"):
         os.kill(os.getpid(), signal.SIGTERM if fault[0] == "term" else signal.SIGUSR1)
+    if fault[0] in ("int", "int2"):
+        for _ in range(1 if fault[0] == "int" else 2):
+            os.kill(os.getpid(), signal.SIGINT)
     if fault[0] == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -4,13 +4,22 @@ own launcher (``torch.distributed.launcher``), so the user needs no second tool.
 torchrun itself reports a failed worker with a multi-line traceback; here the launch
 returns the failing rank's exit code (2 for bad input, 75 for a preempted run, ...) and
 each rank's one-line error is all the user sees.
+
+The ranks share the machine's cores: unless the user set ``OMP_NUM_THREADS``, each gets
+cores / N threads (as ``sweep --jobs`` gives each run), not the default of every core per
+rank, which on a CPU oversubscribes the cores N times over.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..threads import child_defaults
 
 from ..errors import EXIT_PREEMPTED
 
@@ -21,6 +30,19 @@ def _quiet_agent() -> None:
     for name, logger in list(logging.root.manager.loggerDict.items()):
         if name.startswith("torch.distributed.elastic") and isinstance(logger, logging.Logger):
             logger.setLevel(logging.CRITICAL)
+
+
+@contextmanager
+def rank_threads(nproc: int) -> Iterator[dict[str, str]]:
+    """The ranks' thread settings, in this process's environment while they start (the
+    elastic agent passes its own environment on); what was added is removed after."""
+    add = child_defaults(os.environ, jobs=nproc)
+    os.environ.update(add)
+    try:
+        yield add
+    finally:
+        for key in add:
+            os.environ.pop(key, None)
 
 
 def launch(nproc: int, args: list[str]) -> int:
@@ -34,7 +56,8 @@ def launch(nproc: int, args: list[str]) -> int:
                           run_id=f"adalora-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
                           rdzv_endpoint="localhost:0", max_restarts=0)
     try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "adalora_cli", *args)
+        with rank_threads(nproc):
+            elastic_launch(config, entrypoint=sys.executable)("-m", "adalora_cli", *args)
     except ChildFailedError as err:
         codes = [f.exitcode for f in err.failures.values()]
         if EXIT_PREEMPTED in codes:  # rank 0 checkpointed and said so; the rest were stopped

@@ -44,6 +44,7 @@ from .loggers import RunLogger, open_trackers
 from .order import EpochBatches, example_lengths
 from .outputs import trained_state, write_outputs
 from .progress import TrainProgress
+from .progress import check_env as check_progress_env
 from .signals import Preempted, StopSignals
 from .split import LengthSplit
 from .step import StepLog, Stepper
@@ -54,6 +55,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
     w = world()
     with StopSignals() as stop:
         check_trackers(cfg)  # a missing tracker package fails before anything
+        check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
         built = build_run(cfg, w)  # every user error is raised here, before anything is written
         init(w, built.device.type)
@@ -74,6 +76,7 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
     with StopSignals() as stop:
         RunDir.check_claimable(path)  # a finished or live run is refused before the build
         check_trackers(cfg)
+        check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
         built = build_run(cfg, w)
         init(w, built.device.type)

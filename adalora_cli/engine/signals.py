@@ -1,4 +1,5 @@
-"""Preemption: SIGTERM and SIGUSR1 end a run with a checkpoint, marked ``preempted``.
+"""Preemption: SIGTERM, SIGUSR1 and Ctrl-C (SIGINT) end a run with a checkpoint, marked
+``preempted``.
 
 Schedulers (SLURM's ``--signal``, Kubernetes, ``kill``) send one of these before they kill
 a job. While a run owns its directory the handler only takes note, and the loop stops at
@@ -8,20 +9,28 @@ minutes, longer than a scheduler's warning, so inside one the signal raises at o
 loop then checkpoints the state from before the evaluation, which the resumed run
 evaluates again. Before a run owns a directory (loading the model and data) a signal also
 raises at once: there is nothing to save yet.
+
+Ctrl-C is a stop like the others, so an interrupted run can always be resumed from where
+it stopped. A second Ctrl-C while the first waits for the step boundary stops at once
+(``KeyboardInterrupt``), without a checkpoint: for when a step is too long to wait for.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+_FIRST_CTRL_C = (b"note: stopping at the next step boundary with a checkpoint; press Ctrl-C "
+                 b"again to stop at once without one\n")
 
 
 class Preempted(Exception):
-    """The process was asked to stop (SIGTERM or SIGUSR1)."""
+    """The process was asked to stop (SIGTERM, SIGUSR1 or Ctrl-C)."""
 
 
 class StopSignals:
@@ -41,7 +50,13 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def _handler(self, signum: int, frame: object) -> None:
-        self.received = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if self._deferred and signum == signal.SIGINT:
+            if self.received == name:  # the second Ctrl-C: the user will not wait
+                raise KeyboardInterrupt
+            if os.environ.get("RANK", "0") == "0":  # os.write: safe inside a handler
+                os.write(2, _FIRST_CTRL_C)
+        self.received = name
         if not self._deferred:
             raise Preempted(f"stopped by {self.received}")
 

@@ -114,10 +114,7 @@ class RunDir:
                 alive, why = owner_alive(path)
                 if alive:
                     raise RunBusy(f"run directory {path} is being run by {why}")
-                raise ConfigError(
-                    f"run directory {path} already exists and is not empty; "
-                    "choose another --run-dir (runs are never overwritten), or continue it "
-                    f"with adalora train --resume {path}")
+                raise ConfigError(_occupied(path))
             run = cls(path)
             # status first: a directory with a status and no config reads as holding no run
             run._write_status({"status": "running", "started": _now(), **identity()})
@@ -247,6 +244,20 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             if line.strip():
                 rows.append(json.loads(line))
     return rows
+
+
+def _occupied(path: Path) -> str:
+    """Why a new run cannot go into ``path``, with the one way forward that works there:
+    ``--resume`` only for a run that can be resumed (a finished run refuses it)."""
+    new = f"run directory {path} already exists"
+    if is_finished(path):
+        return (f"{new} and holds a finished run; choose another --run-dir (runs are never "
+                "overwritten)")
+    if (path / CONFIG).is_file() and (path / STATUS).is_file():
+        return (f"{new} and holds an unfinished run; continue it with adalora train --resume "
+                f"{path}, or choose another --run-dir (runs are never overwritten)")
+    return (f"{new} and is not empty; choose another --run-dir (runs are never "
+            "overwritten)")
 
 
 def _now() -> str:

@@ -30,6 +30,7 @@ class SweepRequest:
     slurm: list[str] | None = None
     status: bool = False
     wait: bool = False
+    resubmit: bool = False
 
 
 def run_sweep(req: SweepRequest, out: Console, err: Console) -> int:
@@ -39,7 +40,7 @@ def run_sweep(req: SweepRequest, out: Console, err: Console) -> int:
     from .launch import make_launcher
     from .local import describe
 
-    launcher = make_launcher(req.launcher, req.slurm, req.jobs, req.wait)
+    launcher = make_launcher(req.launcher, req.slurm, req.jobs, req.wait, req.resubmit)
     spec = sweeps.build_spec(req.source, req.budget, req.methods, req.seeds, req.overrides)
     runs = sweeps.plan(spec)
     where = req.sweep_dir or Path("runs") / spec.name

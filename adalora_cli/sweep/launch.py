@@ -42,7 +42,8 @@ class LocalLauncher:
         return execute(spec, runs, sweep_dir, jobs=self.jobs, quiet=quiet)
 
 
-def make_launcher(name: str, slurm: list[str] | None, jobs: int, wait: bool) -> Launcher:
+def make_launcher(name: str, slurm: list[str] | None, jobs: int, wait: bool,
+                  resubmit: bool = False) -> Launcher:
     """The launcher the command line asks for; one-line errors for combinations that
     mean nothing (``--slurm`` without ``--launcher slurm``, ``--jobs`` on SLURM)."""
     if name not in LAUNCHERS:
@@ -53,6 +54,9 @@ def make_launcher(name: str, slurm: list[str] | None, jobs: int, wait: bool) -> 
                               "--slurm to run on this machine)")
         if wait:
             raise ConfigError("--wait is for --launcher slurm (a local sweep always waits)")
+        if resubmit:
+            raise ConfigError("--resubmit is for --launcher slurm (a local sweep starts every "
+                              "run that is not finished or running)")
         if jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {jobs}")
         return LocalLauncher(jobs)
@@ -62,4 +66,4 @@ def make_launcher(name: str, slurm: list[str] | None, jobs: int, wait: bool) -> 
     from .slurm import SlurmLauncher
     from .slurm_options import parse_slurm
 
-    return SlurmLauncher(parse_slurm(slurm or []), wait=wait)
+    return SlurmLauncher(parse_slurm(slurm or []), wait=wait, resubmit=resubmit)

@@ -49,6 +49,10 @@ class Outcome:
     earlier) or 'busy' (running elsewhere)."""
     seconds: float = 0.0
     error: str = ""
+    job: str = ""
+    """SLURM launcher: the run's scheduler job id."""
+    source: str = ""
+    """SLURM launcher: which tool told the job's state (sacct, squeue, ...)."""
 
 
 def run_state(path: Path) -> str:
@@ -175,9 +179,9 @@ class _Job:
         self.log = sweep_dir / "logs" / f"{run.name}.log"
         self.run_dir = sweep_dir / run.name
         train = [sys.executable, "-m", "adalora_cli", "train"]
-        cmd = ([*train, "--resume", str(self.run_dir), "--quiet"] if resume else
-               [*train, str(run.config), *run.overrides, "--run-dir", str(self.run_dir),
-                "--quiet"])
+        # no --quiet: off a terminal the run prints plain progress lines into its log
+        cmd = ([*train, "--resume", str(self.run_dir)] if resume else
+               [*train, str(run.config), *run.overrides, "--run-dir", str(self.run_dir)])
         with open(self.log, "a") as out:  # every attempt's output, one after the other
             out.write("$ " + " ".join(cmd) + "\n")
             out.flush()

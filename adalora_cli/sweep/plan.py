@@ -201,12 +201,18 @@ def build_spec(source: Path, budgets: str | None = None, methods: str | None = N
 
 
 def count_matrices(config: Path, overrides: list[str], cache: dict) -> int:
-    """n: how many matrices AdaLoRA adapts in this config's model (a dry run, cached)."""
+    """n: how many matrices AdaLoRA adapts in this config's model (cached). Read from the
+    model's config.json alone (no weights), so planning, ``--status`` and a SLURM
+    submission work where the weights are not (a login node, offline)."""
+    from ..engine.build import resolve_resources  # heavy: only when a budget is matched
+    from ..engine.skeleton import count_adapted, task_family
+
     cfg = load_config(config, [*overrides, "method.name=adalora"])
-    key = (cfg.model.name_or_path, tuple(cfg.method.target_modules or ()))
+    # the family too: one checkpoint is a BERT under GLUE but a BART under summarization
+    key = (task_family(cfg.task.name), cfg.model.name_or_path,
+           tuple(cfg.method.target_modules or ()))
     if key not in cache:
-        from ..engine.build import dry_run  # heavy: only when a budget must be matched
-        cache[key] = dry_run(cfg)["info"]["n_matrices"]
+        cache[key] = count_adapted(resolve_resources(cfg))
     return cache[key]
 
 

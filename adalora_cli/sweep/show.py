@@ -12,9 +12,9 @@ from .local import Outcome
 from .status import RunStatus
 
 ORDER = ("submitted", "queued", "running", "finished", "preempted", "unfinished", "failed",
-         "not started", "busy", "skipped")
+         "unknown", "not started", "busy", "skipped")
 COLOURS = {"finished": "green", "failed": "red", "queued": "cyan", "submitted": "cyan",
-           "running": "yellow", "preempted": "yellow"}
+           "running": "yellow", "preempted": "yellow", "unknown": "magenta"}
 
 
 def count_line(states: list[str]) -> str:
@@ -34,11 +34,21 @@ def print_status(rows: list[RunStatus], where: Path, console: Console) -> None:
         table.add_row(r.run, state, r.job, r.detail)
     console.print(table)
     console.print(count_line([r.state for r in rows]), highlight=False, soft_wrap=True)
+    sources = list(dict.fromkeys(r.source for r in rows if r.source))
+    if sources:
+        console.print(f"job states from: {'; '.join(sources)}", highlight=False,
+                      soft_wrap=True)
+    unknown = sum(r.state == "unknown" for r in rows)
+    if unknown:
+        console.print(f"{unknown} run(s) have a submitted job that may still be queued, and "
+                      "neither sacct nor squeue answered here: they are not submitted again; "
+                      "check with your cluster's tools, then add --resubmit to submit them "
+                      "anyway", highlight=False, soft_wrap=True)
 
 
 def print_submitted(outcomes: list[Outcome], where: Path, console: Console) -> None:
     """After a SLURM launch: what was submitted now, and where everything else stands."""
-    rows = [RunStatus(o.run.name, o.status, o.error) for o in outcomes]
+    rows = [RunStatus(o.run.name, o.status, o.error, o.job, o.source) for o in outcomes]
     print_status(rows, where, console)
     console.print(f"runs' output: {where}/logs/<run>.log; jobs' output: {where}/slurm/; "
                   f"follow with: adalora sweep ... --status", highlight=False, soft_wrap=True)

@@ -5,7 +5,9 @@ run (:mod:`adalora_cli.sweep.status`), submits those not finished, running or qu
 one array (``sweep_dir/slurm/`` holds submitit's pickles and the jobs' stdout/stderr,
 ``sweep_dir/logs/<run>.log`` each run's training output, as with the local launcher),
 records the job ids in ``slurm_jobs.json`` and returns; ``--wait`` blocks until the jobs
-end. Re-running it submits only what is still missing.
+end. Re-running it submits only what is still missing; a run whose recorded job may still
+be queued, where neither sacct nor squeue can tell, is submitted again only with
+``--resubmit``.
 
 ``cluster="local"`` runs the very same code path through submitit's local executor
 (processes on this machine instead of sbatch): the tests use it, and so can a workstation.
@@ -26,15 +28,22 @@ from .local import Outcome, SweepLog, write_manifest
 from .plan import PlannedRun, SweepSpec
 from .slurm_job import TrainJob
 from .slurm_options import SlurmOptions, executor_parameters
-from .status import RESUBMIT, RunStatus, read_records, sweep_states, write_records
+from .status import (
+    RESUBMIT,
+    UNKNOWN_STATE,
+    RunStatus,
+    read_records,
+    sweep_states,
+    write_records,
+)
 
 
 def _submitit():
     try:
         import submitit
     except ImportError:
-        raise ConfigError("--launcher slurm needs submitit: pip install 'adalora[slurm]'"
-                          ) from None
+        raise ConfigError("--launcher slurm needs the submitit package: run `make install`, "
+                          "or `pip install -e '.[slurm]'` in the adalora checkout") from None
     return submitit
 
 
@@ -55,9 +64,11 @@ class SlurmLauncher:
     name = "slurm"
 
     def __init__(self, options: SlurmOptions, cluster: str = "slurm", wait: bool = False,
-                 poll_seconds: float = 5.0):
+                 poll_seconds: float = 5.0, resubmit: bool = False):
         self.options, self.cluster, self.wait = options, cluster, wait
         self.poll_seconds = poll_seconds
+        self.resubmit = resubmit
+        """Also submit runs whose recorded job may still be queued (state unknown)."""
 
     def launch(self, spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path,
                quiet: bool = True) -> list[Outcome]:
@@ -69,7 +80,8 @@ class SlurmLauncher:
         (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
         write_manifest(spec, runs, sweep_dir)
         before = {s.run: s for s in sweep_states(runs, sweep_dir)}
-        todo = [r for r in runs if before[r.name].state in RESUBMIT]
+        again = RESUBMIT + ((UNKNOWN_STATE,) if self.resubmit else ())
+        todo = [r for r in runs if before[r.name].state in again]
         jobs = self._submit(spec, todo, sweep_dir) if todo else {}
         if self.wait and jobs:
             self._wait(jobs)
@@ -80,10 +92,12 @@ class SlurmLauncher:
                 status = after[run.name]
             elif run.name in jobs:
                 job_id = str(jobs[run.name].job_id)
-                status = RunStatus(run.name, "submitted", f"job {job_id}", job_id)
+                status = RunStatus(run.name, "submitted", f"job {job_id}", job_id,
+                                   before[run.name].source)
             else:
                 status = before[run.name]
-            outcomes.append(Outcome(run, status.state, error=status.detail))
+            outcomes.append(Outcome(run, status.state, error=status.detail, job=status.job,
+                                    source=status.source))
         return outcomes
 
     def _check_cluster(self) -> None:

@@ -48,9 +48,11 @@ def train_command(run: PlannedRun, run_dir: Path, resume: bool, nproc: int = 1) 
                     f"--nproc_per_node={nproc}", "-m", "adalora_cli", "train"]
     else:
         launcher = [sys.executable, "-m", "adalora_cli", "train"]
+    # No --quiet: writing to a log file, not a terminal, the run prints plain progress lines
+    # (engine/progress.py), so the log shows how far it got while it runs.
     if resume:
-        return [*launcher, "--resume", str(run_dir), "--quiet"]
-    return [*launcher, str(run.config), *run.overrides, "--run-dir", str(run_dir), "--quiet"]
+        return [*launcher, "--resume", str(run_dir)]
+    return [*launcher, str(run.config), *run.overrides, "--run-dir", str(run_dir)]
 
 
 def _job_id() -> str:

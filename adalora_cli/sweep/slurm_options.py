@@ -44,7 +44,8 @@ class SlurmOptions:
     signal_delay: int = 120
     """Seconds before the time limit that a job is told to checkpoint and requeue."""
     requeues: int = 3
-    """How often one run may be requeued after hitting its time limit."""
+    """How often one run may be requeued after hitting its time limit; above 0 the jobs
+    are also submitted with ``--requeue``, so SLURM requeues them after preemption."""
     sbatch: dict[str, str | bool] = field(default_factory=dict)
     """Extra ``#SBATCH --flag=value`` lines (``True``: a bare ``--flag``)."""
 
@@ -152,6 +153,12 @@ def executor_parameters(opts: SlurmOptions, job_name: str) -> dict:
                 "mem": opts.mem, "account": opts.account, "qos": opts.qos,
                 "constraint": opts.constraint, "array_parallelism": opts.parallel}
     params.update({k: v for k, v in optional.items() if v is not None})
-    if opts.sbatch:
-        params["additional_parameters"] = dict(opts.sbatch)
+    extra = dict(opts.sbatch)
+    # A run is meant to come back after preemption or a node failure: SLURM requeues a job
+    # only with --requeue (clusters differ in their default), and the job resumes from its
+    # checkpoint. The user's own sbatch.requeue / sbatch.no-requeue wins.
+    if opts.requeues > 0 and "requeue" not in extra and "no-requeue" not in extra:
+        extra["requeue"] = True
+    if extra:
+        params["additional_parameters"] = extra
     return params

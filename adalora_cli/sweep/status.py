@@ -7,25 +7,27 @@ same states to submit only what is missing. Three sources, in this order of trus
   running, preempted (a checkpoint to resume from), failed (with the error);
 - ``sweep_log.jsonl``: a run that failed before it wrote anything (a bad option) is failed;
 - the scheduler, for runs submitted to SLURM: the submitit job ids recorded in
-  ``slurm_jobs.json`` of the sweep directory, asked through submitit (``sacct``). A run
+  ``slurm_jobs.json`` of the sweep directory, asked through ``sacct``, else ``squeue``
+  (:mod:`adalora_cli.sweep.scheduler`; each row says which answered). A run
   whose job waits in the queue (or was requeued) is ``queued``; one whose job runs but has
   not claimed its directory yet is ``running``; a job the scheduler ended without a run
   (cancelled, out of memory, node failure) is ``failed`` with the scheduler's word for it.
+  With neither tool, a run whose recorded job may still wait is ``unknown``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..rundir.layout import SLURM_RECORDS, SWEEP_LOG
-from ..rundir.owner import process_alive, read_heartbeat
+from ..rundir.owner import read_heartbeat
 from ..rundir.run import RunDir
 from .local import run_state
 from .plan import PlannedRun
+from .scheduler import UNKNOWN, ask
 
 """{run name: {"job_id", "cluster", "submitted", ...}} for every run submitted via submitit."""
 
@@ -36,6 +38,9 @@ ENDED_BADLY = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "
                "BOOT_FAIL", "DEADLINE"}
 RESUBMIT = ("not started", "preempted", "failed", "unfinished")
 """States a launcher (re)starts; finished, running and queued runs are left alone."""
+UNKNOWN_STATE = "unknown"
+"""A run with a submitted job that nothing here can look up (no sacct, no squeue): it may
+still be queued, so a launcher submits it again only when asked to (``--resubmit``)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class RunStatus:
     detail: str = ""
     job: str = ""
     """The scheduler's job id, when the run was submitted to one."""
+    source: str = ""
+    """Which tool told the scheduler's side (sacct, squeue, ...); '' without a job."""
 
 
 def _directory_state(path: Path) -> tuple[str, str]:
@@ -94,48 +101,33 @@ def write_records(sweep_dir: Path, records: dict[str, dict]) -> None:
     os.replace(tmp, sweep_dir / SLURM_RECORDS)
 
 
-def scheduler_states(sweep_dir: Path, records: dict[str, dict]) -> dict[str, str]:
-    """{run: the scheduler's state of its latest job} ('' where it cannot say)."""
-    slurm = {run: r for run, r in records.items() if r.get("cluster") == "slurm"}
-    states = {run: _local_state(r) for run, r in records.items() if r.get("cluster") == "local"}
-    if slurm and shutil.which("sacct") is not None:  # else: the run directories alone
-        import submitit
-
-        folder = sweep_dir / "slurm"
-        jobs = {run: submitit.SlurmJob(folder=folder, job_id=r["job_id"])
-                for run, r in slurm.items()}  # registered together: one sacct call for all
-        for run, job in jobs.items():
-            try:
-                states[run] = str(job.state).split()[0].upper()
-            except Exception:  # no sacct here, or the job is too old for the accounting
-                states[run] = ""
-    return states
-
-
-def _local_state(record: dict) -> str:
-    """submitit's local executor: the job lives as long as its controller process."""
-    pid = int(record["job_id"])
-    owner = {"pid": pid, "host": record.get("host"), "pid_start": record.get("pid_start"),
-             "boot_id": record.get("boot_id")}
-    return "RUNNING" if process_alive(owner)[0] and not _zombie(pid) else ""
-
-
-def _zombie(pid: int) -> bool:
-    """An ended controller not yet reaped by the process that submitted it."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def sweep_states(runs: list[PlannedRun], sweep_dir: Path, scheduler: bool = True
                  ) -> list[RunStatus]:
     records = read_records(sweep_dir)
-    sched = scheduler_states(sweep_dir, records) if scheduler and records else {}
+    view = ask(sweep_dir, records) if scheduler and records else None
+    sched = view.states if view else {}
     events = last_events(sweep_dir)
-    return [_combine(run.name, _directory_state(sweep_dir / run.name), events.get(run.name),
-                     sched.get(run.name, ""), records.get(run.name, {}).get("job_id", ""))
-            for run in runs]
+    rows = []
+    for run in runs:
+        record = records.get(run.name, {})
+        row = _combine(run.name, _directory_state(sweep_dir / run.name), events.get(run.name),
+                       sched.get(run.name, ""), str(record.get("job_id", "")))
+        if row.state == UNKNOWN_STATE:
+            row = RunStatus(row.run, row.state, f"job submitted {record.get('submitted', '')}"
+                            "; it may still be queued", row.job)
+        rows.append(RunStatus(row.run, row.state, row.detail, row.job,
+                              view.source if view and record else ""))
+    return rows
+
+
+JOB_ENDED = ("finished", "failed", "preempted", "skipped", "busy")
+"""A job's last events in ``sweep_log.jsonl``: after one of them it is out of the queue
+(a job requeued on preemption logs ``requeued`` instead)."""
+
+
+def _job_ended(event: dict | None, job: str) -> bool:
+    return bool(event and job and str(event.get("job", "")) == job
+                and event.get("event") in JOB_ENDED)
 
 
 def _combine(name: str, directory: tuple[str, str], event: dict | None, sched: str,
@@ -151,6 +143,8 @@ def _combine(name: str, directory: tuple[str, str], event: dict | None, sched: s
         return RunStatus(name, "queued", f"job {sched.lower()}", job)
     if sched in ACTIVE:
         return RunStatus(name, "running", "job started", job)
+    if sched == UNKNOWN and not _job_ended(event, job):  # nothing can say if it still waits
+        return RunStatus(name, UNKNOWN_STATE, detail, job)
     if state == "not started" and sched in ENDED_BADLY:  # the scheduler ended it, no run
         return RunStatus(name, "failed", f"job {sched.lower()} before the run started", job)
     return RunStatus(name, state, detail, job)

@@ -48,7 +48,8 @@ def check_trackers(cfg: RunConfig) -> None:
         if missing:
             raise ConfigError(
                 f"log.to includes {name} but the {missing[0]} package is not installed; "
-                f"pip install 'adalora[{name}]' (or drop {name} from log.to)")
+                f"run `make install` (it installs every tracker), or `pip install -e "
+                f"'.[{name}]'` in the adalora checkout (or drop {name} from log.to)")
 
 
 def read_state(run_dir: Path) -> dict[str, Any]:
@@ -100,23 +101,18 @@ class Trackers:
     def log_row(self, row: dict[str, Any]) -> None:
         if not self.sinks:
             return
-        metrics = {f"train/{k}": float(v) for k, v in row.items()
-                   if k != "step" and _is_number(v)}
-        self._each("log_metrics", int(row["step"]), metrics)
+        self._each("log_metrics", int(row["step"]), train_metrics(row))
 
     def log_eval(self, step: int, split: str, metrics: dict[str, float]) -> None:
         if not self.sinks:
             return
-        self._each("log_metrics", step,
-                   {f"eval/{split}/{k}": float(v) for k, v in metrics.items() if _is_number(v)})
+        self._each("log_metrics", step, eval_metrics(split, metrics))
 
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None:
         if not self.sinks:
             return
         self.last_ranks = (step, dict(ranks))
-        metrics = {f"rank/{path}": float(r) for path, r in ranks.items()}
-        metrics["rank/total"] = float(sum(ranks.values()))
-        self._each("log_metrics", step, metrics)
+        self._each("log_metrics", step, rank_metrics(ranks))
         now = time.monotonic()
         if self.last_heatmap is None or now - self.last_heatmap >= self.heatmap_every_s:
             self.last_heatmap = now
@@ -173,6 +169,21 @@ class Trackers:
                     sink.close(False)
                 except Exception:
                     pass  # it already failed once; one warning is enough
+
+
+def train_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """A training row of metrics.jsonl under the trackers' names."""
+    return {f"train/{k}": float(v) for k, v in row.items() if k != "step" and _is_number(v)}
+
+
+def eval_metrics(split: str, metrics: dict[str, Any]) -> dict[str, float]:
+    return {f"eval/{split}/{k}": float(v) for k, v in metrics.items() if _is_number(v)}
+
+
+def rank_metrics(ranks: dict[str, int]) -> dict[str, float]:
+    metrics = {f"rank/{path}": float(r) for path, r in ranks.items()}
+    metrics["rank/total"] = float(sum(ranks.values()))
+    return metrics
 
 
 def _render(ranks: dict[str, int], title: str):

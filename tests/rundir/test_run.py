@@ -24,7 +24,7 @@ def test_never_overwrites_a_run(tmp_path):
     with pytest.raises(RunBusy, match="being run by process"):  # its owner (we) is alive
         RunDir.create(tmp_path / "r", RunConfig())
     run.fail("RuntimeError: boom")
-    with pytest.raises(ConfigError, match="already exists and is not empty.*--resume"):
+    with pytest.raises(ConfigError, match="already exists and holds an unfinished run.*--resume"):
         RunDir.create(tmp_path / "r", RunConfig())
 
 

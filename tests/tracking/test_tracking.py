@@ -286,7 +286,7 @@ def test_missing_tracker_package_is_one_line_error_before_training(
                                       "--run-dir", str(out), "--quiet"])
     assert result.exit_code == 2
     assert "log.to includes wandb but the wandb package is not installed; " \
-           "pip install 'adalora[wandb]'" in result.output
+           "run `make install`" in result.output
     assert "Traceback" not in result.output and not out.exists()
 
 
@@ -351,7 +351,9 @@ def test_sweep_checks_trackers_before_any_run(tmp_path, in_repo, monkeypatch):
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines == ["error: log.to includes mlflow but the sqlalchemy package is not "
-                     "installed; pip install 'adalora[mlflow]' (or drop mlflow from log.to)"]
+                     "installed; run `make install` (it installs every tracker), or `pip "
+                     "install -e '.[mlflow]'` in the adalora checkout (or drop mlflow from "
+                     "log.to)"]
     assert not where.exists()
 
 
