@@ -19,9 +19,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..threads import child_defaults
-
 from ..errors import EXIT_PREEMPTED
+from ..threads import child_defaults
 
 
 def _quiet_agent() -> None:
