@@ -33,7 +33,8 @@ def marked(error: BaseException, where: str = "/runs/a") -> BaseException:
                              "resumed when the sweep is started again", 143)),
     (KeyboardInterrupt(), False, (INTERRUPTED, 130)),
     (marked(KeyboardInterrupt()), False,
-     (INTERRUPTED + " (resume it with adalora train --resume /runs/a)", 130)),
+     ("interrupted; /runs/a is marked failed and has no checkpoint yet (a resume, adalora "
+      "train --resume /runs/a, starts it over from step 0)", 130)),
     (marked(RuntimeError("evaluation exploded\ndetails")), False,
      ("RuntimeError: evaluation exploded (run directory marked failed: /runs/a); rerun with "
       "ADALORA_DEBUG=1 for the traceback", 1)),
