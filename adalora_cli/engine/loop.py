@@ -35,6 +35,7 @@ from .distributed import (
     barrier,
     broadcast,
     check_masks,
+    gather,
     global_mean,
     init,
     per_rank_batch,
@@ -74,6 +75,8 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
     w = world()
     with StopSignals() as stop:
         RunDir.check_claimable(path)  # a finished or live run is refused before the build
+        found = ckpt.newest_readable(path, note)  # falls back past a damaged newest one
+        changes = ckpt.check_config(*found, cfg) if found else {}  # refuses another run
         check_trackers(cfg)
         per_rank_batch(cfg.train.batch_size, w)
         built = build_run(cfg, w)
@@ -82,10 +85,15 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
         def reopen() -> RunDir:
             run = RunDir.reopen(path)
             write_text_atomic(path / CONFIG, dump_config(cfg))
-            run.latest = ckpt.latest_checkpoint(path)
+            run.latest = found[0] if found else None
             if run.latest is None:
                 note(f"{path} has no checkpoint yet; starting it over from step 0")
                 run.clear_outputs()
+            elif changes:
+                note("resuming with " + ", ".join(f"{k} {a!r} -> {b!r}"
+                                                  for k, (a, b) in changes.items())
+                     + " (recorded in status.json)")
+                run.record_resume(changes)
             return run
 
         try:
@@ -108,6 +116,7 @@ class Silent:
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None: ...
     def stream_sizes(self) -> dict[str, int]: return {}
     def truncate_streams(self, sizes: dict[str, int]) -> None: ...
+    def record_resume(self, changes, lost=None) -> None: ...
     def fail(self, error: str) -> None: ...
     def preempt(self, reason: str, step: int) -> None: ...
     def finish(self, summary: dict[str, Any]) -> None: ...
@@ -222,14 +231,15 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     batches = EpochBatches(data.train, t_cfg.batch_size, generator, lengths, world=w)
     loader = DataLoader(data.train, batch_sampler=batches, generator=generator,
                         collate_fn=LengthSplit(data.collate, t_cfg.length_split))
-    pos = _restore(latest, built, stepper, run) if latest is not None else Position()
+    pos = _restore(latest, built, stepper, run, w) if latest is not None else Position()
 
     start = time.perf_counter()
 
-    def save(before_eval: tuple[dict, dict] | None = None) -> None:
+    def save(before_eval: tuple[list, dict] | None = None) -> None:
         pos.seconds_now = pos.seconds + time.perf_counter() - start
-        if w.main:  # the state is the same on every rank: rank 0 writes it
-            path = _save(run, built, stepper, generator, pos, before_eval)
+        rngs = before_eval[0] if before_eval else gather(ckpt.rng_state(), w)  # every rank's
+        if w.main:  # the rest of the state is the same on every rank: rank 0 writes it
+            path = _save(run, built, stepper, generator, pos, rngs, before_eval)
             pos.checkpoint_bytes = _size(path)
         pos.saved_step = pos.step
 
@@ -242,7 +252,8 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     def boundary(eval_due: bool) -> None:
         """After optimizer step ``pos.step``: evaluate, checkpoint, honour a stop."""
         if eval_due:
-            before = (ckpt.rng_state(), run.stream_sizes())  # all an evaluation changes
+            # all an evaluation changes; gathered now, while every rank is here
+            before = (gather(ckpt.rng_state(), w), run.stream_sizes())
             try:
                 with stop.immediate():
                     _evaluate(built, device, autocast, pos.step, run, progress, trackers, w)
@@ -365,7 +376,8 @@ def _size(path: Path) -> int:
 
 
 def _save(run: RunDir, built: Built, stepper: Stepper, generator: torch.Generator,
-          pos: Position, before_eval: tuple[dict, dict] | None = None) -> Path:
+          pos: Position, rngs: list[dict], before_eval: tuple[list, dict] | None = None
+          ) -> Path:
     """``before_eval``: the RNG state and stream sizes from before an evaluation that a
     stop signal cut short; saved instead of the current ones, with the evaluation pending."""
     allocator = built.handle.allocator
@@ -374,18 +386,19 @@ def _save(run: RunDir, built: Built, stepper: Stepper, generator: torch.Generato
         "scheduler": stepper.scheduler.state_dict(),
         "scaler": stepper.scaler.state_dict(),
         "allocator": allocator.state_dict() if allocator is not None else None,
-        "rng": before_eval[0] if before_eval else ckpt.rng_state(),
+        "rng": rngs,  # one per rank: each draws its own dropout masks
         "data": {"epoch": pos.epoch, "epoch_start": pos.epoch_start, "consumed": pos.consumed,
                  "generator": generator.get_state()},
         "streams": before_eval[1] if before_eval else run.stream_sizes(),
         "eval_pending": before_eval is not None,
         "train_seconds": pos.seconds_now,
+        **ckpt.config_record(built.cfg),  # a resume under another config is refused
     }
     return ckpt.save_checkpoint(run.path, pos.step, trained_state(built.model, built.handle),
                                 state, keep=built.cfg.train.keep_checkpoints)
 
 
-def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir) -> Position:
+def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir, w: World) -> Position:
     tensors, state = ckpt.load_checkpoint(path)
     names = {name for name, _ in built.model.named_parameters()}
     unknown = sorted(set(tensors) - names)
@@ -398,8 +411,11 @@ def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir) -> Positio
     stepper.scaler.load_state_dict(state["scaler"])
     if built.handle.allocator is not None:
         built.handle.allocator.load_state_dict(state["allocator"])
-    ckpt.set_rng_state(state["rng"])
-    run.truncate_streams(state["streams"])
+    ckpt.set_rng_state(ckpt.rank_rng(state["rng"], w.rank))
+    lost = run.truncate_streams(state["streams"])
+    if lost:  # a log shorter than its checkpoint: cut to whole rows, said, never padded
+        warn(lost)
+        run.record_resume({}, lost)
     data = state["data"]
     return Position(step=state["step"], epoch=data["epoch"], consumed=data["consumed"],
                     epoch_start=data["epoch_start"], seconds=state["train_seconds"],
