@@ -290,8 +290,9 @@ def sweep(
             return
         if status:  # issue 9
             from ..sweep.show import print_status
-            from ..sweep.status import sweep_states
+            from ..sweep.status import check_sweep_dir, sweep_states
 
+            check_sweep_dir(where)
             print_status(sweep_states(runs, where), where, out())
             return
         outcomes = launcher.launch(spec, runs, where, quiet=quiet)

@@ -4,13 +4,20 @@ own launcher (``torch.distributed.launcher``), so the user needs no second tool.
 torchrun itself reports a failed worker with a multi-line traceback; here the launch
 returns the failing rank's exit code (2 for bad input, 75 for a preempted run, ...) and
 each rank's one-line error is all the user sees.
+
+The ranks must not outlive the launcher: each asks Linux for SIGTERM when it dies (even by
+SIGKILL), as a sweep's training processes do, and so checkpoints and stops as preempted
+instead of finishing the run unwatched (see ``rundir.owner.die_with_parent``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import uuid
+
+from ..rundir.owner import PARENT_ENV
 
 
 def _quiet_agent() -> None:
@@ -27,6 +34,7 @@ def launch(nproc: int, args: list[str]) -> int:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     _quiet_agent()
+    os.environ[PARENT_ENV] = str(os.getpid())  # the ranks inherit it: they die with us
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=f"adalora-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
@@ -40,7 +48,11 @@ def launch(nproc: int, args: list[str]) -> int:
         _, failure = err.get_first_failure()
         code = failure.exitcode
         return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell
-    except Exception as err:  # e.g. SignalException: the launcher itself was stopped
+    except Exception as err:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        if isinstance(err, SignalException):  # stopped: the agent passed the signal on to
+            return 75  # the ranks, and rank 0 says in one line where the run stands
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        return 75
+        return 1
     return 0

@@ -51,8 +51,12 @@ def follow_umask(path: Path) -> None:
     filesystem could not read."""
     mask = os.umask(0o022)
     os.umask(mask)  # read back: the only portable way to learn the umask
-    base = 0o777 if path.is_dir() else 0o666
-    os.chmod(path, base & ~mask)
+    if path.is_dir():
+        os.chmod(path, 0o777 & ~mask)
+        for child in path.iterdir():
+            follow_umask(child)
+    else:
+        os.chmod(path, 0o666 & ~mask)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

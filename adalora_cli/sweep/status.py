@@ -21,7 +21,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rundir.layout import SLURM_RECORDS, SWEEP_LOG
+from ..config import ConfigError
+from ..rundir.layout import CONFIG, SLURM_RECORDS, STATUS, SWEEP_LOG, SWEEP_MANIFEST
 from ..rundir.owner import process_alive, read_heartbeat
 from ..rundir.run import RunDir
 from .local import run_state
@@ -126,6 +127,21 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return False
+
+
+def check_sweep_dir(sweep_dir: Path) -> None:
+    """Refuse ``--status`` on a folder that holds no sweep: listing every planned run as
+    "not started" there would say something untrue about wherever the sweep really ran."""
+    if not sweep_dir.exists():
+        raise ConfigError(f"no sweep at {sweep_dir} (it does not exist); pass --sweep-dir "
+                          "with the folder the sweep was started in")
+    if (sweep_dir / CONFIG).is_file() and (sweep_dir / STATUS).is_file():
+        raise ConfigError(f"{sweep_dir} is a run directory, not a sweep directory; pass the "
+                          "folder that holds the sweep's runs (its sweep.yaml)")
+    if not any((sweep_dir / name).is_file()
+               for name in (SWEEP_MANIFEST, SWEEP_LOG, SLURM_RECORDS)):
+        raise ConfigError(f"{sweep_dir} holds no sweep (no {SWEEP_MANIFEST} or {SWEEP_LOG}); "
+                          "pass --sweep-dir with the folder the sweep was started in")
 
 
 def sweep_states(runs: list[PlannedRun], sweep_dir: Path, scheduler: bool = True
