@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import resource
 import shutil
 from dataclasses import dataclass
@@ -255,6 +256,9 @@ def _write(tmp: Path, final: Path, write) -> None:
 def why_write_failed(path: Path, err: BaseException) -> str:
     """The likely reason a write to ``path`` failed, in words a user can act on."""
     code = getattr(err, "errno", None)
+    if code is None:  # safetensors (Rust) says "... (os error 28)" in its message
+        found = re.search(r"\(os error (\d+)\)", str(err))
+        code = int(found.group(1)) if found else None
     if code in (errno.ENOSPC, errno.EDQUOT):
         return f"{os.strerror(code)} (free some space, then resume the run)"
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]

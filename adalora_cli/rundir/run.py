@@ -209,14 +209,14 @@ class RunDir:
             self._write_status_small({"status": "failed", "error": error[:200]})
 
     def _write_status_small(self, data: dict[str, Any]) -> None:
-        """The last resort on a full disk: overwrite status.json in place, shorter than
-        it was (its blocks are already allocated), so it never says ``running`` for a
-        run that is over."""
+        """The last resort on a full disk: overwrite status.json in place, within the
+        blocks it already has, so it never says ``running`` for a run that is over."""
         text = json.dumps(data) + "\n"
         try:
             with open(self.path / STATUS, "r+") as f:
-                size = os.fstat(f.fileno()).st_size
-                f.write(text if len(text) <= size else '{"status": "failed"}\n')
+                info = os.fstat(f.fileno())
+                room = max(info.st_size, info.st_blocks * 512)
+                f.write(text if len(text) <= room else '{"status": "failed"}\n')
                 f.truncate()
         except OSError:
             pass

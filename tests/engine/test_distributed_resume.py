@@ -103,3 +103,25 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path):
         for pid in [launcher.pid, *ranks]:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_to_the_launcher_preempts_with_one_error_line(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("ADALORA_FAULT", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "adalora_cli", *two(out, "train.epochs=2000")], cwd=ROOT,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        assert _wait_until(lambda: (out / "metrics.jsonl").is_file()
+                           and (out / "metrics.jsonl").stat().st_size > 0)
+        launcher.send_signal(signal.SIGTERM)  # as a scheduler stops a job
+        _, stderr = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 75
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "stopped by SIGTERM" in errors[0], stderr
+    assert RunDir.read_status(out)["status"] == "preempted"
