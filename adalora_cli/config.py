@@ -313,6 +313,14 @@ def validate(cfg: RunConfig) -> None:
     _check(t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}")
     _check(t.save_every >= 0, f"train.save_every must be >= 0 (0: only at the end), got "
                               f"{t.save_every}")
+    # checked here, before a run directory exists: otherwise they surface only at the
+    # first evaluation (eval_batch_size), when the optimizer is built (weight_decay), or
+    # never, silently meaning something else (a negative warm-up or clipping norm)
+    _check(t.eval_batch_size >= 1, f"train.eval_batch_size must be >= 1, got {t.eval_batch_size}")
+    _check(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
+    _check(t.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
+    _check(t.max_grad_norm >= 0,
+           f"train.max_grad_norm must be >= 0 (0 disables clipping), got {t.max_grad_norm}")
     _check(t.keep_checkpoints >= 1,
            f"train.keep_checkpoints must be >= 1, got {t.keep_checkpoints}")
     _check(cfg.task.max_length >= 8, f"task.max_length must be >= 8, got {cfg.task.max_length}")

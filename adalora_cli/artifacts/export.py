@@ -23,7 +23,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..rundir.layout import SUMMARY
-from ..rundir.run import RunDir, is_finished
+from ..rundir.run import RunDir, follow_umask, is_finished
 
 FORMATS = ("peft", "merged")
 
@@ -51,6 +51,7 @@ def write_atomically(out: Path, write: Callable[[Path], dict[str, Any]]) -> dict
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         info = write(tmp)
+        follow_umask(tmp)  # mkdtemp makes it 0700 and safetensors its files 0600
         check_destination(out)  # someone may have created it meanwhile
         tmp.rename(out)
     except BaseException:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from ..config import load_config
+from ..config import ConfigError, RunConfig, load_config
 from ..engine.build import load_model, resolve_resources, seed_everything
 from ..methods import apply_method
 from ..methods.registry import method_spec
@@ -22,10 +22,24 @@ from ..rundir.layout import CONFIG, FULL_MODEL, WEIGHTS
 from ..tasks import get_task
 
 
+def check_weights(run_dir: Path, cfg: RunConfig) -> None:
+    """Say why a run has no weights to load, before any model is built."""
+    weights = run_dir / (FULL_MODEL if cfg.method.name == "full" else WEIGHTS)
+    if weights.exists():
+        return
+    if not cfg.train.save_weights:
+        raise ConfigError(f"run {run_dir} was trained with train.save_weights=false, so it "
+                          "has no weights to load; train it again with "
+                          "train.save_weights=true")
+    raise ConfigError(f"run {run_dir} has no {weights.name} (deleted or moved?); restore it "
+                      "or train the run again")
+
+
 def load_run(run_dir: str | Path, device: str = "cpu"):
     """Rebuild a finished run's model with its trained weights: ``(model, tokenizer, cfg)``."""
     run_dir = Path(run_dir)
     cfg = resolve_resources(load_config(run_dir / CONFIG))
+    check_weights(run_dir, cfg)
     whole = method_spec(cfg.method.name).saves_whole_model
     if whole:
         cfg = dataclasses.replace(

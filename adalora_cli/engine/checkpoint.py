@@ -2,11 +2,13 @@
 
 A checkpoint holds everything the next optimizer step depends on: the trainable tensors
 (adapter + head; every parameter for ``full``), the optimizer, lr scheduler and GradScaler,
-the rank allocator (EMAs, mask, frozen flag), every RNG (python, numpy, torch CPU and CUDA),
-the data order (the epoch's generator state at its start and the batches used since), the
-step counter, the time trained so far, and how far ``metrics.jsonl`` and
-``rank_history.jsonl`` had been written, so a resumed run first cuts off the rows that the
-killed attempt wrote after this checkpoint.
+the rank allocator (EMAs, mask, frozen flag), every RNG (python, numpy, torch CPU and CUDA)
+of every process (each rank draws its own dropout masks), the data order (the epoch's
+generator state at its start and the batches used since), the step counter, the time
+trained so far, how far ``metrics.jsonl`` and ``rank_history.jsonl`` had been written (bytes
+and rows), so a resumed run first cuts off the rows that the killed attempt wrote after
+this checkpoint, and the config the run was made with and its digest, so a resume under an
+edited config refuses instead of silently computing another run (see :func:`check_config`).
 
 Files are written into a hidden ``.partial-*`` folder, flushed to disk, and published by one
 ``rename``: a checkpoint appears whole or not at all, and a crash while writing leaves the
@@ -15,8 +17,13 @@ previous one as the latest.
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
 import random
+import re
+import resource
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +33,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..config import RESUMABLE_KEYS, ConfigError, RunConfig
 from ..rundir.layout import CHECKPOINTS
+from ..rundir.run import follow_umask
 from . import faults
 
 if TYPE_CHECKING:  # annotations only: reading a checkpoint needs no model code
@@ -34,7 +43,8 @@ if TYPE_CHECKING:  # annotations only: reading a checkpoint needs no model code
 
 TENSORS = "trainable.safetensors"
 STATE = "state.pt"
-FORMAT = 1
+FORMAT = 2
+"""2: per-rank RNG states, the config and its digest, stream rows."""
 
 
 @dataclass
@@ -60,18 +70,19 @@ class Position:
 
 
 def state_of(stepper: Stepper, generator: torch.Generator, pos: Position,
-             rng: dict[str, Any], streams: dict[str, int], eval_pending: bool = False
+             rngs: list[dict[str, Any]], streams: dict[str, Any], eval_pending: bool = False
              ) -> dict[str, Any]:
-    """Everything but the trainable tensors, as ``state.pt`` holds it. ``rng`` and
-    ``streams`` are passed in because a checkpoint written when a stop signal cut an
-    evaluation short saves the ones from before that evaluation (``eval_pending``)."""
+    """Everything but the trainable tensors and the config record, as ``state.pt`` holds
+    it. ``rngs`` (one per rank: each draws its own dropout masks) and ``streams`` are passed
+    in because a checkpoint written when a stop signal cut an evaluation short saves the
+    ones from before that evaluation (``eval_pending``)."""
     allocator = stepper.handle.allocator
     return {
         "optimizer": stepper.optimizer.state_dict(),
         "scheduler": stepper.scheduler.state_dict(),
         "scaler": stepper.scaler.state_dict(),
         "allocator": allocator.state_dict() if allocator is not None else None,
-        "rng": rng,
+        "rng": rngs,
         "data": {"epoch": pos.epoch, "epoch_start": pos.epoch_start, "consumed": pos.consumed,
                  "generator": generator.get_state()},
         "streams": streams,
@@ -80,15 +91,15 @@ def state_of(stepper: Stepper, generator: torch.Generator, pos: Position,
     }
 
 
-def restore(state: dict[str, Any], stepper: Stepper) -> Position:
-    """Put :func:`state_of`'s objects and RNGs back in place; returns the loop's position.
-    The caller cuts the streams back to ``state["streams"]``."""
+def restore(state: dict[str, Any], stepper: Stepper, rank: int = 0) -> Position:
+    """Put :func:`state_of`'s objects and this rank's RNGs back in place; returns the loop's
+    position. The caller cuts the streams back to ``state["streams"]``."""
     stepper.optimizer.load_state_dict(state["optimizer"])
     stepper.scheduler.load_state_dict(state["scheduler"])
     stepper.scaler.load_state_dict(state["scaler"])
     if stepper.handle.allocator is not None:
         stepper.handle.allocator.load_state_dict(state["allocator"])
-    set_rng_state(state["rng"])
+    set_rng_state(rank_rng(state["rng"], rank))
     data = state["data"]
     return Position(step=state["step"], epoch=data["epoch"], consumed=data["consumed"],
                     epoch_start=data["epoch_start"], seconds=state["train_seconds"],
@@ -112,12 +123,118 @@ def latest_checkpoint(run_path: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def checkpoints(run_path: Path) -> list[Path]:
+    """Every published checkpoint of a run, oldest first."""
+    return [path for _, path in _step_dirs(Path(run_path))]
+
+
+def newest_readable(run_path: Path, note=lambda text: None
+                    ) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads, and its state; None when there is none at all.
+
+    A checkpoint that does not load (a disk error, a file damaged after it was published)
+    is skipped for the one before it, with a note naming both. If none loads the resume is
+    refused: starting over silently would throw the run's progress away."""
+    found = checkpoints(run_path)
+    bad: list[str] = []
+    for path in reversed(found):
+        try:
+            _, state = load_checkpoint(path)
+        except Exception as err:  # any damage: the reader's own words say which
+            bad.append(f"{path}: {_first_line(err)}")
+            continue
+        if bad:
+            note(f"skipped unreadable checkpoint(s) {'; '.join(bad)}; resuming from "
+                 f"{path.name}, the newest one that loads")
+        return path, state
+    if bad:
+        raise ConfigError(f"no checkpoint of {run_path} can be read ({bad[0]}); delete "
+                          f"{Path(run_path) / CHECKPOINTS} to start the run over")
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+# ------------------------------------------------------------------ the run's config
+def flat_config(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
+    """{"train.learning_rate": 0.005, ...}: every leaf of the config under its dotted key."""
+    data = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
+    out: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict) and key not in ("data_files",):
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value
+    walk(data, "")
+    return out
+
+
+def may_change(key: str) -> bool:
+    """Keys a resume may change: where and how the run is watched, saved and evaluated
+    (``config.RESUMABLE_KEYS``), never what it computes (the schedule, the maths, the data)."""
+    return key.startswith(RESUMABLE_KEYS) and not key.endswith(".")
+
+
+def config_digest(cfg: RunConfig | dict[str, Any]) -> str:
+    """sha256 of the config without the keys that :func:`may_change`."""
+    kept = {k: v for k, v in flat_config(cfg).items() if not may_change(k)}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def config_record(cfg: RunConfig) -> dict[str, Any]:
+    """What a checkpoint keeps of the config: every value, and the digest of those that
+    must not change."""
+    return {"config": flat_config(cfg), "config_digest": config_digest(cfg)}
+
+
+_ABSENT = "(absent)"
+
+
+def check_config(path: Path, state: dict[str, Any], cfg: RunConfig
+                 ) -> dict[str, list[Any]]:
+    """Refuse to resume checkpoint ``path`` under a config that would compute another run.
+
+    Returns the changes it allows ({key: [before, now]}), for the run directory to record;
+    raises a one-line ConfigError naming every other changed key."""
+    saved, now = state.get("config") or {}, flat_config(cfg)
+    keys = sorted(set(saved) | set(now))
+
+    def differs(k: str) -> bool:
+        return saved.get(k, _ABSENT) != now.get(k, _ABSENT)
+
+    if state.get("config_digest") != config_digest(cfg):
+        changed = [k for k in keys if differs(k) and not may_change(k)]
+        listed = ", ".join(f"{k} {saved.get(k, _ABSENT)!r} -> {now.get(k, _ABSENT)!r}"
+                           for k in changed[:6]) or "keys this version cannot name"
+        raise ConfigError(
+            f"the config of {path.parent.parent} changed since {path.name} was saved "
+            f"({listed}); a resumed run must compute the same run: put those values back "
+            "in its config.yaml, or start a new run (a resume may change only "
+            + ", ".join(k.rstrip(".") + ("*" if k.endswith(".") else "")
+                        for k in RESUMABLE_KEYS) + ")")
+    return {k: [saved.get(k), now.get(k)] for k in keys if differs(k)}
+
+
+# ------------------------------------------------------------------ random number generators
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(),
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def rank_rng(states: list[dict[str, Any]], rank: int) -> dict[str, Any]:
+    """This rank's RNG state from a checkpoint's per-rank list. On as many processes as
+    wrote it each rank gets its own back (exact resume); on another number the ranks
+    reuse them in turn (the run goes on, but its dropout masks differ from an
+    uninterrupted run's)."""
+    return states[rank % len(states)]
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -150,12 +267,14 @@ def save_checkpoint(run_path: Path, step: int, tensors: dict[str, torch.Tensor],
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{step:07d}"
     tmp = root / f".partial-step-{step:07d}-{os.getpid()}"
-    tmp.mkdir()
     try:
-        save_file(tensors, str(tmp / TENSORS))
-        torch.save({"format": FORMAT, "step": step, **state}, tmp / STATE)
+        tmp.mkdir()
+        _write(tmp / TENSORS, final / TENSORS, lambda p: save_file(tensors, str(p)))
+        _write(tmp / STATE, final / STATE,
+               lambda p: torch.save({"format": FORMAT, "step": step, **state}, p))
         faults.hit("checkpoint", step)
         for name in (TENSORS, STATE):
+            follow_umask(tmp / name)  # safetensors writes 0600: collaborators could not read
             _fsync_file(tmp / name)
         if final.exists():  # the same step saved again (e.g. at the end): replace it
             shutil.rmtree(final)
@@ -167,6 +286,42 @@ def save_checkpoint(run_path: Path, step: int, tensors: dict[str, torch.Tensor],
     for _, old in _step_dirs(Path(run_path))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+class WriteFailed(OSError):
+    """A file of the run could not be written; the message names it and says why."""
+
+
+def _write(tmp: Path, final: Path, write) -> None:
+    """``write(tmp)``, with a failure said as which file and why: torch's writer reports
+    a full disk as ``[enforce fail at inline_container.cc] . unexpected pos``."""
+    try:
+        write(tmp)
+    except Exception as err:
+        raise WriteFailed(getattr(err, "errno", None) or errno.EIO,
+                          f"could not write {final}: {why_write_failed(tmp, err)}") from None
+
+
+def why_write_failed(path: Path, err: BaseException) -> str:
+    """The likely reason a write to ``path`` failed, in words a user can act on."""
+    code = getattr(err, "errno", None)
+    if code is None:  # safetensors (Rust) says "... (os error 28)" in its message
+        found = re.search(r"\(os error (\d+)\)", str(err))
+        code = int(found.group(1)) if found else None
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"{os.strerror(code)} (free some space, then resume the run)"
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    size = path.stat().st_size if path.exists() else 0
+    if code == errno.EFBIG or (limit != resource.RLIM_INFINITY and size >= limit):
+        return (f"the file size limit (ulimit -f, {limit} bytes) was reached; raise it, then "
+                "resume the run")
+    try:
+        free = os.statvfs(path.parent)
+        if free.f_bavail * free.f_frsize < 1 << 20:  # under 1 MiB left: the disk is full
+            return "No space left on device (free some space, then resume the run)"
+    except OSError:
+        pass
+    return _first_line(err)
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

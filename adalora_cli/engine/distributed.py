@@ -96,6 +96,15 @@ def broadcast(value: Any, w: World) -> Any:
     return box[0]
 
 
+def gather(value: Any, w: World) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank (``[value]`` on one process)."""
+    if not w.distributed:
+        return [value]
+    box: list[Any] = [None] * w.size
+    dist.all_gather_object(box, value)
+    return box
+
+
 def any_rank(flag: bool, w: World) -> bool:
     """True on every rank if it is true on any (a stop signal seen by one rank)."""
     if not w.distributed:

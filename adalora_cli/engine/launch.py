@@ -8,6 +8,10 @@ each rank's one-line error is all the user sees.
 The ranks share the machine's cores: unless the user set ``OMP_NUM_THREADS``, each gets
 cores / N threads (as ``sweep --jobs`` gives each run), not the default of every core per
 rank, which on a CPU oversubscribes the cores N times over.
+
+The ranks must not outlive the launcher: each asks Linux for SIGTERM when it dies (even by
+SIGKILL), as a sweep's training processes do, and so checkpoints and stops as preempted
+instead of finishing the run unwatched (see ``rundir.owner.die_with_parent``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..errors import EXIT_PREEMPTED
+from ..errors import EXIT_FAILED, EXIT_PREEMPTED
+from ..rundir.owner import PARENT_ENV
 from ..threads import child_defaults
 
 
@@ -50,6 +55,7 @@ def launch(nproc: int, args: list[str]) -> int:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     _quiet_agent()
+    os.environ[PARENT_ENV] = str(os.getpid())  # the ranks inherit it: they die with us
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=f"adalora-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
@@ -64,7 +70,11 @@ def launch(nproc: int, args: list[str]) -> int:
         _, failure = err.get_first_failure()
         code = failure.exitcode
         return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell
-    except Exception as err:  # e.g. SignalException: the launcher itself was stopped
+    except Exception as err:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        if isinstance(err, SignalException):  # stopped: the agent passed the signal on to
+            return EXIT_PREEMPTED  # the ranks, and rank 0 says in one line where the run stands
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        return EXIT_PREEMPTED
+        return EXIT_FAILED
     return 0

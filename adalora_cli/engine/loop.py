@@ -34,13 +34,14 @@ from .distributed import (
     barrier,
     broadcast,
     check_masks,
+    gather,
     global_mean,
     init,
     per_rank_batch,
     shutdown,
     world,
 )
-from .loggers import RunLogger, open_trackers
+from .loggers import RunLogger, open_trackers, warn
 from .order import EpochBatches, example_lengths
 from .outputs import trained_state, write_outputs
 from .progress import TrainProgress
@@ -75,6 +76,8 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
     w = world()
     with StopSignals() as stop:
         RunDir.check_claimable(path)  # a finished or live run is refused before the build
+        found = ckpt.newest_readable(path, note)  # falls back past a damaged newest one
+        changes = ckpt.check_config(*found, cfg) if found else {}  # refuses another run
         check_trackers(cfg)
         check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
@@ -84,10 +87,15 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
         def reopen() -> RunDir:
             run = RunDir.reopen(path)
             write_text_atomic(path / CONFIG, dump_config(cfg))
-            run.latest = ckpt.latest_checkpoint(path)
+            run.latest = found[0] if found else None
             if run.latest is None:
                 note(f"{path} has no checkpoint yet; starting it over from step 0")
                 run.clear_outputs()
+            elif changes:
+                note("resuming with " + ", ".join(f"{k} {a!r} -> {b!r}"
+                                                  for k, (a, b) in changes.items())
+                     + " (recorded in status.json)")
+                run.record_resume(changes)
             return run
 
         try:
@@ -110,6 +118,7 @@ class Silent:
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None: ...
     def stream_sizes(self) -> dict[str, int]: return {}
     def truncate_streams(self, sizes: dict[str, int]) -> None: ...
+    def record_resume(self, changes, lost=None) -> None: ...
     def fail(self, error: str) -> None: ...
     def preempt(self, reason: str, step: int) -> None: ...
     def finish(self, summary: dict[str, Any]) -> None: ...
@@ -190,14 +199,15 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     batches = EpochBatches(data.train, t_cfg.batch_size, generator, lengths, world=w)
     loader = DataLoader(data.train, batch_sampler=batches, generator=generator,
                         collate_fn=LengthSplit(data.collate, t_cfg.length_split))
-    pos = _restore(latest, built, stepper, run) if latest is not None else ckpt.Position()
+    pos = _restore(latest, built, stepper, run, w) if latest is not None else ckpt.Position()
 
     start = time.perf_counter()
 
-    def save(before_eval: tuple[dict, dict] | None = None) -> None:
+    def save(before_eval: tuple[list, dict] | None = None) -> None:
         pos.seconds_now = pos.seconds + time.perf_counter() - start
-        if w.main:  # the state is the same on every rank: rank 0 writes it
-            path = _save(run, built, stepper, generator, pos, before_eval)
+        rngs = before_eval[0] if before_eval else gather(ckpt.rng_state(), w)  # every rank's
+        if w.main:  # the rest of the state is the same on every rank: rank 0 writes it
+            path = _save(run, built, stepper, generator, pos, rngs, before_eval)
             pos.checkpoint_bytes = _size(path)
         pos.saved_step = pos.step
 
@@ -210,7 +220,8 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     def boundary(eval_due: bool) -> None:
         """After optimizer step ``pos.step``: evaluate, checkpoint, honour a stop."""
         if eval_due:
-            before = (ckpt.rng_state(), run.stream_sizes())  # all an evaluation changes
+            # all an evaluation changes; gathered now, while every rank is here
+            before = (gather(ckpt.rng_state(), w), run.stream_sizes())
             try:
                 with stop.immediate():
                     _evaluate(built, stepper, pos.step, logger, w)
@@ -326,17 +337,20 @@ def _size(path: Path) -> int:
 
 
 def _save(run: RunDir, built: Built, stepper: Stepper, generator: torch.Generator,
-          pos: ckpt.Position, before_eval: tuple[dict, dict] | None = None) -> Path:
-    """``before_eval``: the RNG state and stream sizes from before an evaluation that a
+          pos: ckpt.Position, rngs: list[dict], before_eval: tuple[list, dict] | None = None
+          ) -> Path:
+    """``before_eval``: the RNG states and stream sizes from before an evaluation that a
     stop signal cut short; saved instead of the current ones, with the evaluation pending."""
-    rng, streams = before_eval if before_eval else (ckpt.rng_state(), run.stream_sizes())
-    state = ckpt.state_of(stepper, generator, pos, rng, streams,
-                          eval_pending=before_eval is not None)
+    rngs, streams = before_eval if before_eval else (rngs, run.stream_sizes())
+    state = {**ckpt.state_of(stepper, generator, pos, rngs, streams,
+                             eval_pending=before_eval is not None),
+             **ckpt.config_record(built.cfg)}  # a resume under another config is refused
     return ckpt.save_checkpoint(run.path, pos.step, trained_state(built.model, built.handle),
                                 state, keep=built.cfg.train.keep_checkpoints)
 
 
-def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir) -> ckpt.Position:
+def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir, w: World
+             ) -> ckpt.Position:
     tensors, state = ckpt.load_checkpoint(path)
     names = {name for name, _ in built.model.named_parameters()}
     unknown = sorted(set(tensors) - names)
@@ -344,7 +358,10 @@ def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir) -> ckpt.Po
         raise ValueError(f"{path} holds tensors this model lacks ({unknown[0]}); it was "
                          "written for another model or method")
     built.model.load_state_dict(tensors, strict=False)
-    pos = ckpt.restore(state, stepper)
-    run.truncate_streams(state["streams"])
+    pos = ckpt.restore(state, stepper, w.rank)
+    lost = run.truncate_streams(state["streams"])
+    if lost:  # a log shorter than its checkpoint: cut to whole rows, said, never padded
+        warn(lost)
+        run.record_resume({}, lost)
     pos.checkpoint_bytes = _size(path)
     return pos

@@ -22,7 +22,7 @@ from ..config import RunConfig
 from ..methods.base import MethodHandle, head_parameters
 from ..methods.registry import config_digest, method_spec
 from ..rundir.layout import ALLOCATOR_STATE, FULL_MODEL, HEATMAP, RANK_PATTERN, WEIGHTS
-from ..rundir.run import RunDir
+from ..rundir.run import RunDir, follow_umask
 from ..rundir.summary import Summary
 from ..tasks.columns import task_report
 
@@ -49,10 +49,12 @@ def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Pa
         model.save_pretrained(out / FULL_MODEL, safe_serialization=True)
         if tokenizer is not None:  # so model/ loads on its own, like any checkpoint
             tokenizer.save_pretrained(out / FULL_MODEL)
+        follow_umask(out / FULL_MODEL)
         written["model_dir"] = FULL_MODEL
     else:
         state = trained_state(model, handle)
         save_file(state, str(out / WEIGHTS), metadata={"method": cfg.method.name})
+        follow_umask(out / WEIGHTS)  # safetensors writes 0600: a collaborator could not read
         written["file"] = WEIGHTS
         written["tensors"] = len(state)
     allocator = handle.allocator

@@ -163,7 +163,7 @@ class Heartbeat:
             tmp.write_text(json.dumps(row) + "\n")
             os.replace(tmp, self.path)
         except OSError:
-            pass
+            tmp.unlink(missing_ok=True)  # a full disk: leave no half-written copy behind
 
     def _run(self) -> None:
         while not self._stop.wait(heartbeat_seconds()):

@@ -40,6 +40,24 @@ class RunBusy(Exception):
     """Another live process owns the run directory."""
 
 
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""A full disk, a full quota, or the file size limit (``ulimit -f``)."""
+
+
+def follow_umask(path: Path) -> None:
+    """Give ``path`` the mode a plain ``open`` would (0666 less the umask): some writers
+    (safetensors, ``mkdtemp``) create private files, which a collaborator on a shared
+    filesystem could not read."""
+    mask = os.umask(0o022)
+    os.umask(mask)  # read back: the only portable way to learn the umask
+    if path.is_dir():
+        os.chmod(path, 0o777 & ~mask)
+        for child in path.iterdir():
+            follow_umask(child)
+    else:
+        os.chmod(path, 0o666 & ~mask)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
@@ -47,7 +65,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        if err.errno != errno.ENOSPC or not path.exists():
+        if err.errno not in NO_ROOM or not path.exists():
             raise
         # A full disk has no room for the copy, but a short status still fits over the
         # blocks of the old one: rewrite it in place rather than leave a stale status.
@@ -99,6 +117,7 @@ class RunDir:
         self.path = path
         self._metrics = None
         self._ranks = None
+        self._rows: dict[str, int] = {}  # rows in each stream (what a checkpoint records)
 
     @classmethod
     def create(cls, path: str | Path, cfg: RunConfig) -> RunDir:
@@ -118,7 +137,12 @@ class RunDir:
             run = cls(path)
             # status first: a directory with a status and no config reads as holding no run
             run._write_status({"status": "running", "started": _now(), **identity()})
-            write_text_atomic(path / CONFIG, dump_config(cfg))
+            try:
+                write_text_atomic(path / CONFIG, dump_config(cfg))
+            except OSError as err:  # e.g. a full disk: say so in the status, then stop
+                run.fail(f"could not write {path / CONFIG}: {err.strerror or err}")
+                raise OSError(err.errno, f"could not write {path / CONFIG}: "
+                                         f"{err.strerror or err}") from None
         return run
 
     @staticmethod
@@ -172,53 +196,124 @@ class RunDir:
             return None
 
     def fail(self, error: str) -> None:
-        self.close()
-        self.set_status("failed", error=error, ended=_now())
+        # The failure may be the disk itself: closing must not fail again before the
+        # status says what happened, and the status must fit without new space.
+        self.close(quiet=True)
+        try:
+            self.set_status("failed", error=error, ended=_now())
+        except OSError:
+            self._write_status_small({"status": "failed", "error": error[:200]})
+
+    def _write_status_small(self, data: dict[str, Any]) -> None:
+        """The last resort on a full disk: overwrite status.json in place, within the
+        blocks it already has, so it never says ``running`` for a run that is over."""
+        text = json.dumps(data) + "\n"
+        try:
+            with open(self.path / STATUS, "r+") as f:
+                info = os.fstat(f.fileno())
+                room = max(info.st_size, info.st_blocks * 512)
+                f.write(text if len(text) <= room else '{"status": "failed"}\n')
+                f.truncate()
+        except OSError:
+            pass
 
     def preempt(self, reason: str, step: int) -> None:
-        self.close()
+        self.close(quiet=True)
         self.set_status("preempted", reason=reason, step=step, ended=_now())
+
+    def record_resume(self, changes: dict[str, list[Any]], lost: str | None = None) -> None:
+        """Note in status.json what this attempt resumed with that the checkpoint did not:
+        allowed config changes ({key: [before, now]}) and rows a torn log lost."""
+        status = self.read_status(self.path) or {}
+        entry: dict[str, Any] = {"attempt": status.get("attempt", 1), "time": _now()}
+        if changes:
+            entry["config_changes"] = changes
+        if lost:
+            entry["log_rows_lost"] = lost
+        if len(entry) > 2:
+            self.set_status(status.get("status", "running"),
+                            resumes=[*status.get("resumes", []), entry])
 
     # ---------------------------------------------------------------- streams
     def log(self, row: dict[str, Any]) -> None:
         if self._metrics is None:
             self._metrics = open(self.path / METRICS, "a", buffering=1)
         self._metrics.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
+        self._rows[METRICS] = self._rows.get(METRICS, 0) + 1
 
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None:
         if self._ranks is None:
             self._ranks = open(self.path / RANK_HISTORY, "a", buffering=1)
         self._ranks.write(json.dumps({"step": step, "ranks": ranks}) + "\n")
+        self._rows[RANK_HISTORY] = self._rows.get(RANK_HISTORY, 0) + 1
 
-    def stream_sizes(self) -> dict[str, int]:
-        """Bytes written to each stream so far (flushed): what a checkpoint records."""
+    def stream_sizes(self) -> dict[str, Any]:
+        """Bytes and rows written to each stream so far, synced to disk with the checkpoint
+        that records them ({name: bytes, ..., "rows": {name: rows}})."""
         for stream in (self._metrics, self._ranks):
             if stream is not None:
                 stream.flush()
-        return {name: (self.path / name).stat().st_size if (self.path / name).exists() else 0
-                for name in STREAMS}
+                os.fsync(stream.fileno())  # a host crash must not leave the log shorter
+        sizes: dict[str, Any] = {
+            name: (self.path / name).stat().st_size if (self.path / name).exists() else 0
+            for name in STREAMS}
+        sizes["rows"] = {name: self._rows.get(name, 0) for name in STREAMS}
+        return sizes
 
-    def truncate_streams(self, sizes: dict[str, int]) -> None:
+    def truncate_streams(self, sizes: dict[str, Any]) -> str | None:
         """Cut each stream back to its size at a checkpoint: rows written after it by a
-        killed attempt are written again, identically, by the resumed one."""
+        killed attempt are written again, identically, by the resumed one.
+
+        A stream shorter than the checkpoint says (a host crash before an older version
+        synced the logs) is cut back to its last whole row, never padded; the rows lost
+        before the checkpoint are returned in one line (None when nothing was lost)."""
         self.close()
+        lost = []
         for name in STREAMS:
             path = self.path / name
-            if path.exists():
-                with open(path, "r+b") as f:
-                    f.truncate(sizes.get(name, 0))
+            want = int(sizes.get(name, 0))
+            if not path.exists():
+                if want:
+                    lost.append(f"{name} is missing ({sizes.get('rows', {}).get(name, '?')} "
+                                "rows)")
+                self._rows[name] = 0
+                continue
+            with open(path, "r+b") as f:
+                have = os.fstat(f.fileno()).st_size
+                if have >= want:
+                    f.truncate(want)
+                    f.seek(0)
+                    self._rows[name] = f.read(want).count(b"\n")
+                    continue
+                data = f.read()
+                keep = data.rfind(b"\n") + 1  # drop a torn last row
+                f.truncate(keep)
+                self._rows[name] = data[:keep].count(b"\n")
+            rows = sizes.get("rows", {}).get(name)
+            missing = (f"{rows - self._rows[name]} rows" if rows is not None
+                       else f"{want - keep} bytes")
+            lost.append(f"{name} lost {missing} before the checkpoint")
+        return "; ".join(lost) or None
 
     def clear_outputs(self) -> None:
         """Forget everything an earlier attempt wrote (a resume with no checkpoint)."""
         self.close()
+        self._rows = {}
         for name in (*STREAMS, RANK_PATTERN, HEATMAP, WEIGHTS, SUMMARY):
             (self.path / name).unlink(missing_ok=True)
 
-    def close(self) -> None:
-        for stream in (self._metrics, self._ranks):
-            if stream is not None:
+    def close(self, quiet: bool = False) -> None:
+        """Close the streams; ``quiet``: on the failure path, where the flush may fail
+        again for the reason the run is failing (a full disk)."""
+        streams, self._metrics, self._ranks = (self._metrics, self._ranks), None, None
+        for stream in streams:
+            if stream is None:
+                continue
+            try:
                 stream.close()
-        self._metrics = self._ranks = None
+            except OSError:
+                if not quiet:
+                    raise
 
     # ---------------------------------------------------------------- results
     def write_json(self, name: str, data: Any) -> Path:

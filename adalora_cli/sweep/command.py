@@ -52,8 +52,9 @@ def run_sweep(req: SweepRequest, out: Console, err: Console) -> int:
         return 0
     if req.status:  # what every run's directory and the scheduler say; nothing is launched
         from .show import print_status
-        from .status import sweep_states
+        from .status import check_sweep_dir, sweep_states
 
+        check_sweep_dir(where)  # a folder with no sweep would list every run "not started"
         print_status(sweep_states(runs, where), where, out)
         return 0
     outcomes = launcher.launch(spec, runs, where, quiet=req.quiet)

@@ -324,15 +324,29 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
                 progress.update(overall, note=f"running {names}" if names else "")
                 time.sleep(0.2)
         except (KeyboardInterrupt, SweepStopped):
-            for job in running.values():  # only the processes this sweep started: each
-                job.proc.send_signal(signal.SIGTERM)  # checkpoints and ends preempted
-            for job in running.values():
-                job.proc.wait()
-                release_launch(job.run_dir)
-                log.event(job.run.name, "interrupted")
+            _stop_jobs(running, log)
             raise
+        except OSError as err:  # the sweep's own files (a full disk): stop, say why once
+            _stop_jobs(running, log)
+            raise OSError(err.errno, f"the sweep stopped: {err.strerror or err}; its running "
+                                     "runs were stopped, rerun the sweep to resume them",
+                          err.filename) from None
     order = {r.name: i for i, r in enumerate(runs)}
     return sorted(outcomes, key=lambda o: order[o.run.name])
+
+
+def _stop_jobs(running: dict[int, _Job], log: SweepLog) -> None:
+    """SIGTERM the processes this sweep started (only those): each checkpoints and ends
+    preempted. The sweep log is best effort here: the disk may be why we stop."""
+    for job in running.values():
+        job.proc.send_signal(signal.SIGTERM)
+    for job in running.values():
+        job.proc.wait()
+        release_launch(job.run_dir)
+        try:
+            log.event(job.run.name, "interrupted")
+        except OSError:
+            pass
 
 
 def describe(runs: list[PlannedRun], sweep_dir: Path) -> list[dict]:

@@ -22,7 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rundir.layout import SLURM_RECORDS, SWEEP_LOG
+from ..config import ConfigError
+from ..rundir.layout import CONFIG, SLURM_RECORDS, STATUS, SWEEP_LOG, SWEEP_MANIFEST
 from ..rundir.owner import read_heartbeat
 from ..rundir.run import RunDir
 from .local import run_state
@@ -99,6 +100,21 @@ def write_records(sweep_dir: Path, records: dict[str, dict]) -> None:
     tmp = sweep_dir / f"{SLURM_RECORDS}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(records, indent=1) + "\n")
     os.replace(tmp, sweep_dir / SLURM_RECORDS)
+
+
+def check_sweep_dir(sweep_dir: Path) -> None:
+    """Refuse ``--status`` on a folder that holds no sweep: listing every planned run as
+    "not started" there would say something untrue about wherever the sweep really ran."""
+    if not sweep_dir.exists():
+        raise ConfigError(f"no sweep at {sweep_dir} (it does not exist); pass --sweep-dir "
+                          "with the folder the sweep was started in")
+    if (sweep_dir / CONFIG).is_file() and (sweep_dir / STATUS).is_file():
+        raise ConfigError(f"{sweep_dir} is a run directory, not a sweep directory; pass the "
+                          "folder that holds the sweep's runs (its sweep.yaml)")
+    if not any((sweep_dir / name).is_file()
+               for name in (SWEEP_MANIFEST, SWEEP_LOG, SLURM_RECORDS)):
+        raise ConfigError(f"{sweep_dir} holds no sweep (no {SWEEP_MANIFEST} or {SWEEP_LOG}); "
+                          "pass --sweep-dir with the folder the sweep was started in")
 
 
 def sweep_states(runs: list[PlannedRun], sweep_dir: Path, scheduler: bool = True

@@ -12,13 +12,20 @@ asynchronous batch (MLflow's own queue and thread): on a SQLite store a call cos
 of milliseconds however small, which every step would pay, and AdaLoRA adds one rank per
 matrix at every mask event. Sent batches are waited for as they pile up and all at close,
 so a failure still surfaces here and the tracker is dropped.
+
+An HTTP tracking server is first reached with a plain connection bounded by
+``CONNECT_S``: MLflow's own client retries an unreachable address with a growing backoff
+for minutes before it gives up, and the run would stall that long before its one warning.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from typing import Any
+from urllib.parse import urlparse
 
 from .base import RunInfo, Sink
 
@@ -28,6 +35,22 @@ _BATCH = 100  # MLflow's limit on params per log_batch call
 _METRICS = 1000  # MLflow's limit on metrics per log_batch call
 FLUSH_S = 2.0  # the longest a metric waits in the buffer: MLflow lags at most this much
 _PENDING = 16  # batches in flight before the oldest half is waited for
+CONNECT_S = 5.0  # how long an HTTP tracking server may take to accept a connection
+
+
+def check_reachable(uri: str | None, timeout: float = CONNECT_S) -> None:
+    """Fail within ``timeout`` seconds if an http(s) tracking URI accepts no connection."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    parts = urlparse(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return  # a local store (sqlite:, file:): nothing to wait for
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(f"MLflow server {uri} is unreachable "
+                              f"({err.strerror or err or 'timed out'}); check log.mlflow_uri "
+                              "and that the server runs") from None
 
 
 class MlflowSink(Sink):
@@ -39,6 +62,7 @@ class MlflowSink(Sink):
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # no schema-migration chatter
         saved = info.state or {}
         uri = saved.get("tracking_uri") if info.resumed else None
+        check_reachable(uri or info.log.mlflow_uri)
         self.client = MlflowClient(tracking_uri=uri or info.log.mlflow_uri)
         # Resumed: {metric: last step MLflow holds}, looked up once per metric, so points
         # logged past the checkpoint the run resumes from are kept, not doubled.

@@ -29,7 +29,7 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
                         seconds_now=12.5)
     random.seed(11)
     rng = ckpt.rng_state()
-    state = ckpt.state_of(stepper, generator, pos, rng, {"metrics.jsonl": 321})
+    state = ckpt.state_of(stepper, generator, pos, [rng], {"metrics.jsonl": 321})
     path = ckpt.save_checkpoint(tmp_path, 7, {"w": torch.zeros(2)}, state, keep=1)
     after_save = random.random()
 
@@ -52,6 +52,6 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
 
 def test_a_cut_evaluation_is_saved_pending():
     stepper = stepped(1)
-    state = ckpt.state_of(stepper, torch.Generator(), ckpt.Position(step=1), ckpt.rng_state(),
+    state = ckpt.state_of(stepper, torch.Generator(), ckpt.Position(step=1), [ckpt.rng_state()],
                           {}, eval_pending=True)
     assert ckpt.restore({**state, "step": 1}, tiny_stepper()).eval_pending is True
