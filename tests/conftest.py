@@ -65,7 +65,7 @@ class SmokeRuns:
         self.prints: dict[Path, dict[str, tuple[int, int]]] = {}
 
     def __call__(self, config: str, *overrides: str) -> Path:
-        key = (config, overrides)
+        key = (str((ROOT / config).resolve()), overrides)  # relative or absolute: one run
         if key not in self.runs:
             from typer.testing import CliRunner
 

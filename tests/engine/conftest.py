@@ -46,16 +46,10 @@ def smoke(in_repo):
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    """The smoke run uninterrupted (save_every=3), to compare resumed runs against."""
-    out = tmp_path_factory.mktemp("baseline") / "run"
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        assert forked(smoke_args(out, "train.save_every=3")) == 0
-    finally:
-        os.chdir(cwd)
-    return out
+def baseline(smoke_runs):
+    """The smoke run uninterrupted (save_every=3), to compare resumed runs against; no fault
+    to inject, so it needs no fork and comes from the session's cache (read-only)."""
+    return smoke_runs(SMOKE, "train.save_every=3")
 
 
 def same_outputs(a: Path, b: Path) -> list[str]:
