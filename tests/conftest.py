@@ -56,7 +56,7 @@ class SmokeRuns:
     Training a tiny run costs about a second, and several files need the same ones (the
     export and rescore tests both want the 12-step GLUE AdaLoRA run and the 3-step SQuAD
     LoRA run). The paths it hands out are shared: read them, never write into them; a test
-    that changes a run works on :func:`copy_of` it. Teardown fails the session if any file
+    that changes a run works on a :func:`copy_of` it. Teardown fails the session if any file
     of a shared run was written after its training finished."""
 
     def __init__(self, root: Path):
@@ -82,14 +82,15 @@ class SmokeRuns:
         return self.runs[key]
 
     def written(self) -> list[str]:
-        """Shared runs whose files changed since training, as 'run: files'."""
+        """Shared runs whose files changed since training, as 'config overrides: files'."""
         changed = []
-        for run, before in self.prints.items():
-            after = _fingerprint(run)
+        for (config, overrides), run in self.runs.items():
+            before, after = self.prints[run], _fingerprint(run)
             if after != before:
                 names = sorted(k for k in before.keys() | after.keys()
                                if before.get(k) != after.get(k))
-                changed.append(f"{run.name}: {', '.join(names)}")
+                what = " ".join([os.path.relpath(config, ROOT), *overrides])
+                changed.append(f"{what}: {', '.join(names)}")
         return changed
 
 
