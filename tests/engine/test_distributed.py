@@ -60,7 +60,7 @@ def assert_same_run(one: Path, two: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_process(no_dropout, tmp_path_factory) -> Path:
+def one_process(no_dropout, tmp_path_factory, warm) -> Path:
     out = tmp_path_factory.mktemp("one") / "run"
     cwd = os.getcwd()
     os.chdir(ROOT)
