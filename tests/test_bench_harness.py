@@ -31,6 +31,7 @@ def short_run():
     return done.stdout, json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.e2e
 def test_both_runners_run_the_same_job(short_run):
     _, result = short_run
     rows = {r["runner"]: r for r in result["rows"]}
@@ -42,6 +43,7 @@ def test_both_runners_run_the_same_job(short_run):
         assert round(r["accuracy"] * 32) == pytest.approx(r["accuracy"] * 32, abs=1e-9)
 
 
+@pytest.mark.e2e
 def test_phases_add_up_to_the_child_wall_time(short_run):
     _, result = short_run
     for r in result["rows"]:
@@ -54,6 +56,7 @@ def test_phases_add_up_to_the_child_wall_time(short_run):
         summary["ours"]["process_wall"] / summary["hf"]["process_wall"])
 
 
+@pytest.mark.e2e
 def test_printed_table_names_both_runners_and_the_target(short_run):
     text, _ = short_run
     assert "adalora train" in text and "HF Trainer + PEFT" in text

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from adalora_cli.cli import app
 from adalora_cli.engine import build as training
 from adalora_cli.rundir.run import is_finished, read_metrics
+from tests.conftest import copy_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = "configs/smoke/glue.yaml"
@@ -36,12 +37,8 @@ def expected_budget(t: int, b0=48, bT=16, ti=4, tf=8, T=32) -> int:
 
 
 @pytest.fixture(scope="module")
-def adalora_run(tmp_path_factory):
-    os.chdir(ROOT)
-    out = tmp_path_factory.mktemp("runs") / "adalora"
-    result = run_cli("train", SMOKE, "--run-dir", str(out), "--quiet")
-    assert result.exit_code == 0, result.output
-    return out
+def adalora_run(smoke_runs):
+    return smoke_runs(SMOKE)
 
 
 def test_adalora_run_directory(adalora_run):
@@ -92,7 +89,7 @@ def test_metrics_follow_the_schedule(adalora_run):
         assert sum(h["ranks"].values()) == expected_budget(h["step"])
 
 
-def test_saved_weights_reload_to_the_same_score(adalora_run):
+def test_saved_weights_reload_to_the_same_score(adalora_run, in_repo):
     from adalora_cli.artifacts.load import load_run
 
     model, tokenizer, cfg = load_run(adalora_run)
@@ -150,6 +147,7 @@ def cli_subprocess(*args: str, cwd: Path = ROOT):
                           capture_output=True, text=True, env=env, timeout=300, check=False)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, fragment", [
     (("train", "configs/nope.yaml"), "does not exist"),
     (("train", SMOKE, "adalora.budjet=3"), "unknown config key adalora.budjet"),
@@ -168,6 +166,7 @@ def test_bad_input_one_line_no_traceback_no_run(tmp_path, args, fragment):
     assert not out.exists()
 
 
+@pytest.mark.e2e
 def test_malformed_yaml(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("task: [unclosed\n")
@@ -191,6 +190,7 @@ def test_failure_mid_run_marks_directory_failed(tmp_path, in_repo, monkeypatch):
     assert not (out / "summary.json").exists()
 
 
+@pytest.mark.e2e
 def test_sigterm_preempts_with_a_checkpoint(tmp_path):
     """A real SIGTERM from outside, at whatever step the run has reached."""
     import signal
@@ -265,9 +265,7 @@ def test_resume_refusals(tmp_path, in_repo, adalora_run):
     result = runner.invoke(app, ["train", "--resume", str(tmp_path)])
     assert result.exit_code == 2 and "is not a run directory" in one_error_line(result)
     # an unfinished run, but an override that changes what it computes
-    import shutil
-    broken = tmp_path / "broken"
-    shutil.copytree(adalora_run, broken)
+    broken = copy_of(adalora_run, tmp_path / "broken")
     (broken / "summary.json").unlink()
     status = json.loads((broken / "status.json").read_text())
     (broken / "status.json").write_text(json.dumps({**status, "status": "failed"}))
@@ -285,9 +283,7 @@ def test_resume_refusals(tmp_path, in_repo, adalora_run):
 
 
 def test_resume_without_a_checkpoint_starts_over_with_a_note(tmp_path, in_repo, adalora_run):
-    import shutil
-    broken = tmp_path / "broken"
-    shutil.copytree(adalora_run, broken)
+    broken = copy_of(adalora_run, tmp_path / "broken")
     (broken / "summary.json").unlink()
     (broken / "status.json").write_text(json.dumps({"status": "failed", "error": "x"}))
     result = runner.invoke(app, ["train", "--resume", str(broken), "--quiet"])

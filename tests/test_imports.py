@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from adalora_cli import tasks
 from tests.conftest import ROOT
 
@@ -33,6 +35,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
+@pytest.mark.e2e
 def test_help_loads_no_ml_library():
     code = ("import sys\nfrom adalora_cli.cli import app\nsys.argv = ['adalora', '--help']\n"
             "try:\n    app()\nexcept SystemExit:\n    pass")
@@ -43,6 +46,7 @@ def test_help_loads_no_ml_library():
         assert name not in loaded, name
 
 
+@pytest.mark.e2e
 def test_glue_run_loads_only_its_own_family(tmp_path):
     code = ("import sys\nfrom adalora_cli.cli import app\n"
             "sys.argv = ['adalora', 'train', 'configs/smoke/glue.yaml', '--run-dir', "

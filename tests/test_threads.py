@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from adalora_cli import threads
 from adalora_cli.sweep.local import _child_env
 from tests.conftest import ROOT
@@ -64,6 +66,7 @@ def cli_env_after(extra: dict[str, str]) -> dict:
     return json.loads(line[4:])
 
 
+@pytest.mark.e2e
 def test_cli_sets_the_policy_for_its_own_process():
     assert cli_env_after({}) == {"policy": "PASSIVE", "code": 2}
     assert cli_env_after({"OMP_WAIT_POLICY": "ACTIVE"})["policy"] == "ACTIVE"

@@ -60,7 +60,7 @@ def assert_same_run(one: Path, two: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_process(no_dropout, tmp_path_factory) -> Path:
+def one_process(no_dropout, tmp_path_factory, warm) -> Path:
     out = tmp_path_factory.mktemp("one") / "run"
     cwd = os.getcwd()
     os.chdir(ROOT)
@@ -71,6 +71,7 @@ def one_process(no_dropout, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.e2e
 def test_two_processes_reproduce_one(no_dropout, one_process, tmp_path):
     out = tmp_path / "two"
     proc = adalora(*args(no_dropout, out), "--nproc", "2")
@@ -81,6 +82,7 @@ def test_two_processes_reproduce_one(no_dropout, one_process, tmp_path):
     assert summary["total_steps"] == 32  # T from the global batch: 64 / 16 x 8 epochs
 
 
+@pytest.mark.e2e
 def test_resume_on_another_number_of_processes(no_dropout, one_process, tmp_path):
     """Killed on one process after step 14, finished on two: the same run."""
     out = tmp_path / "run"
@@ -91,6 +93,7 @@ def test_resume_on_another_number_of_processes(no_dropout, one_process, tmp_path
     assert_same_run(one_process, out)
 
 
+@pytest.mark.e2e
 def test_length_split_reproduces_the_whole_batch(no_dropout, one_process, tmp_path):
     """train.length_split (engine/split.py) on one process, and combined with two ranks:
     each batch of 16 (or each rank's 8) run as length-sorted pieces is the same run."""
@@ -104,6 +107,7 @@ def test_length_split_reproduces_the_whole_batch(no_dropout, one_process, tmp_pa
     assert_same_run(one_process, both)
 
 
+@pytest.mark.e2e
 def test_a_batch_that_does_not_divide_is_refused_before_launch(tmp_path):
     proc = adalora("train", SMOKE, "train.batch_size=9", "--nproc", "2", "--run-dir",
                    str(tmp_path / "run"))
@@ -145,6 +149,7 @@ def _mask_worker(rank: int, init: str, diverge: bool, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("diverge", [False, True])
 def test_mask_checksums_are_compared_across_ranks(tmp_path, diverge):
     import multiprocessing as mp
@@ -166,6 +171,7 @@ def test_mask_checksums_are_compared_across_ranks(tmp_path, diverge):
         assert results == [expected, expected]
 
 
+@pytest.mark.e2e
 def test_a_rank_side_error_is_one_line_under_nproc(tmp_path):
     """The ranks find the bad model; rank 0 says so once and the launcher adds nothing."""
     proc = adalora("train", SMOKE, "model.name_or_path=tests/fixtures/no-such-model",

@@ -3,6 +3,7 @@ group_by_length batches of similar length, deterministic per seed."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -59,6 +60,7 @@ def test_group_by_length_batches_similar_lengths_and_uses_each_example_once():
     assert again == batches and other != batches
 
 
+@pytest.mark.e2e
 def test_group_by_length_run_is_resumable_exactly(smoke, tmp_path):
     from .conftest import forked, same_outputs
 

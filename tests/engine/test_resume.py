@@ -17,6 +17,9 @@ from adalora_cli.rundir.run import RunDir, is_finished, read_metrics
 
 from .conftest import forked, same_outputs
 
+# every test here runs training in forked processes and kills them on purpose
+pytestmark = pytest.mark.e2e
+
 
 def resume_args(out):
     return ["train", "--resume", str(out), "--quiet"]

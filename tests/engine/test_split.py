@@ -118,6 +118,7 @@ def test_loss_units_counts_examples_or_target_tokens():
     assert loss_units({"input_ids": torch.ones(4, 9), "start_positions": torch.zeros(4)}) == 4
 
 
+@pytest.mark.e2e
 def test_a_split_run_resumes_exactly(smoke, tmp_path):
     from .conftest import forked, same_outputs
 

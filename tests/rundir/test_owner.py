@@ -64,6 +64,7 @@ def test_heartbeat_thread_rewrites_step_and_time(tmp_path, monkeypatch):
     assert row["host"] == socket.gethostname() and time.time() - row["time"] < 1
 
 
+@pytest.mark.e2e
 def test_exactly_one_of_many_processes_claims_a_new_run(tmp_path):
     """Eight forked processes race to create the same run directory."""
     target, n = tmp_path / "r", 8

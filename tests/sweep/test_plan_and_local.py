@@ -149,6 +149,7 @@ def test_visible_gpus_reads_the_environment(monkeypatch):
     assert visible_gpus() == ["2", "3"]
 
 
+@pytest.mark.e2e
 def test_failed_runs_are_recorded_and_the_others_go_on(tmp_path, in_repo):
     """Two runs that `adalora train` rejects (an unknown option fails fast, before the
     heavy imports): each fails in its own process, both at once (jobs=2), both logged."""
@@ -200,6 +201,7 @@ def smoke_sweep(tmp_path_factory):
     return where
 
 
+@pytest.mark.e2e
 def test_smoke_sweep_runs_every_combination(smoke_sweep):
     assert sorted(p.name for p in smoke_sweep.iterdir() if (p / "status.json").exists()) == NAMES
     for name in NAMES:
@@ -227,6 +229,7 @@ def test_smoke_sweep_runs_every_combination(smoke_sweep):
     assert sorted(e["run"] for e in events if e["event"] == "finished") == NAMES
 
 
+@pytest.mark.e2e
 def test_rerun_skips_finished_and_resumes_unfinished(smoke_sweep):
     broken = smoke_sweep / "glue-lora-b8-s1"
     (broken / "summary.json").unlink()  # as if the process had been killed mid-run
@@ -249,6 +252,7 @@ def test_rerun_skips_finished_and_resumes_unfinished(smoke_sweep):
     assert len(commands) == 2 and "--resume" in commands[1] and "--resume" not in commands[0]
 
 
+@pytest.mark.e2e
 def test_dry_run_lists_parameter_counts(smoke_sweep):
     result = runner.invoke(app, [*SMOKE_ARGS, "--sweep-dir", str(smoke_sweep), "--dry-run",
                                  "--methods", "adalora,lora,houlsby"], env={"COLUMNS": "200"})
@@ -259,6 +263,7 @@ def test_dry_run_lists_parameter_counts(smoke_sweep):
     assert "788" in text and "skip (finished)" in text
 
 
+@pytest.mark.e2e
 def test_report_of_the_smoke_sweep(smoke_sweep, tmp_path):
     out = tmp_path / "report"
     result = runner.invoke(app, ["report", str(smoke_sweep.parent), "--format", "markdown",

@@ -178,6 +178,7 @@ def local_sweep(manifest, tmp_path_factory):
     return where, spec, runs, outcomes
 
 
+@pytest.mark.e2e
 def test_a_sweep_completes_and_a_failing_run_is_reported(local_sweep):
     where, _, _, outcomes = local_sweep
     states = {o.run.name: o.status for o in outcomes}
@@ -200,6 +201,7 @@ def test_a_sweep_completes_and_a_failing_run_is_reported(local_sweep):
         assert sorted(mine[:2]) == ["started", "submitted"] and mine[2:] == [final]
 
 
+@pytest.mark.e2e
 def test_status_lists_every_run_and_submits_nothing(local_sweep, manifest):
     where = local_sweep[0]
     before = (where / "sweep_log.jsonl").read_text()
@@ -214,6 +216,7 @@ def test_status_lists_every_run_and_submits_nothing(local_sweep, manifest):
     assert (where / "sweep_log.jsonl").read_text() == before  # nothing was submitted
 
 
+@pytest.mark.e2e
 def test_rerun_submits_only_what_is_missing(local_sweep):
     where, spec, runs, _ = local_sweep
     launcher = SlurmLauncher(LOCAL, cluster="local", wait=False)
@@ -233,6 +236,7 @@ def test_rerun_submits_only_what_is_missing(local_sweep):
     assert state.state == "failed" and "no-such-model" in state.detail
 
 
+@pytest.mark.e2e
 def test_a_signalled_job_is_requeued_and_resumes(tmp_path, in_repo):
     """SIGUSR2 to the job process, as SLURM sends it before a time limit or preemption:
     submitit's checkpoint hook stops the training process with a checkpoint, the job is

@@ -40,6 +40,7 @@ def gone(pid: int, within: float) -> bool:
     return False
 
 
+@pytest.mark.e2e
 def test_two_identical_sweeps_share_the_runs(tmp_path):
     where = tmp_path / "sweep"
     args = ("--methods", "lora,bitfit", "--seeds", "0,1", "train.epochs=1",
@@ -61,6 +62,7 @@ def test_two_identical_sweeps_share_the_runs(tmp_path):
         assert "4 runs:" in out
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_a_stopped_sweep_leaves_no_orphans(tmp_path, how):
     where = tmp_path / "sweep"

@@ -43,13 +43,8 @@ def validation_rows(version: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def adalora_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("squad") / "adalora"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(ROOT)
-        result = run_cli("train", SMOKE, "--run-dir", str(out), "--quiet")
-    assert result.exit_code == 0, result.output
-    return out
+def adalora_run(smoke_runs):
+    return smoke_runs(SMOKE)
 
 
 def test_adalora_run_directory(adalora_run):

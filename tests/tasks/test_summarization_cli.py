@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.rundir.run import is_finished, read_metrics
-from tests.conftest import FIXTURES, ROOT
+from tests.conftest import FIXTURES
 
 SMOKE = "configs/smoke/summarization.yaml"
 ROUGE_KEYS = {"rouge1", "rouge2", "rougeL", "rougeLsum"}
@@ -30,12 +30,9 @@ def validation_rows(name: str = "xsum") -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def adalora_run(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(ROOT)
-        out = tmp_path_factory.mktemp("runs") / "adalora"
-        summary = train(out)
-    return out, summary
+def adalora_run(smoke_runs):
+    out = smoke_runs(SMOKE)
+    return out, json.loads((out / "summary.json").read_text())
 
 
 def test_run_directory_has_rouge_predictions_and_ranks(adalora_run):
