@@ -8,10 +8,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from adalora_cli.engine.checkpoint import latest_checkpoint
 from adalora_cli.rundir.run import RunDir, is_finished, read_metrics
 
 from .conftest import ROOT, SMOKE, forked, same_outputs
+
+pytestmark = pytest.mark.e2e  # training processes, Ctrl-C'd
 
 
 def test_ctrl_c_checkpoints_and_the_resume_continues(smoke, tmp_path, baseline):

@@ -13,6 +13,8 @@ import torch.distributed.launcher.api as launcher_api
 
 from adalora_cli.engine import launch as launch_module
 
+pytestmark = pytest.mark.e2e  # starts rank processes
+
 PROBE = {"torch": False}
 """When on, each stand-in rank is a real Python process reporting torch's thread count."""
 

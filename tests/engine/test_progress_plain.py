@@ -22,6 +22,7 @@ LINE = re.compile(r"^step (\d+)/(\d+) \((\d+)%\)  loss (\S+)  lr (\S+)(?:  budge
                   r"elapsed (\S+)  eta (\S+)$")
 
 
+@pytest.mark.e2e
 def test_a_piped_training_run_prints_plain_lines(tmp_path):
     """The real CLI with stdout a pipe: a line every 8 steps of the smoke run's 32, whose
     numbers are the rows of metrics.jsonl."""
@@ -119,6 +120,7 @@ def test_a_bad_interval_is_one_line(text):
     assert "ADALORA_PROGRESS_EVERY" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.e2e
 def test_a_bad_interval_stops_train_before_a_run_directory(tmp_path, in_repo):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ADALORA_PROGRESS_EVERY": "often"}
     done = subprocess.run([sys.executable, "-m", "adalora_cli", "train",

@@ -48,6 +48,7 @@ def _dry_run_in_fresh_process(config: Path, *overrides: str) -> tuple[dict, int]
     return json.loads(lines[-2]), int(lines[-1].split()[1])
 
 
+@pytest.mark.e2e
 def test_lora_r8_on_a_7b_llama_is_19_988_480_without_allocating(llama_7b_config) -> None:
     info, peak = _dry_run_in_fresh_process(llama_7b_config, "method.name=lora", "lora.r=8")
     # per layer: q, k, v, o 8 (4096 + 4096); gate, up, down 8 (4096 + 11008)
@@ -59,6 +60,7 @@ def test_lora_r8_on_a_7b_llama_is_19_988_480_without_allocating(llama_7b_config)
     assert peak < 2 * 1024**3  # fp32 weights alone would be 27 GB
 
 
+@pytest.mark.e2e
 def test_adalora_dry_run_of_the_7b_shape_says_what_b_t_keeps(llama_7b_config) -> None:
     info, _ = _dry_run_in_fresh_process(llama_7b_config, "method.name=adalora",
                                         "adalora.init_rank=12", "adalora.budget=448")

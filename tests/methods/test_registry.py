@@ -32,6 +32,7 @@ from tests.conftest import ROOT
 from tests.methods._tiny import run_config, tiny_bert
 
 
+@pytest.mark.e2e
 def test_the_registry_and_the_report_load_no_torch():
     probe = ("import json, sys\n"
              "import adalora_cli.methods.registry, adalora_cli.report.tables\n"
