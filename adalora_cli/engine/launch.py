@@ -49,19 +49,33 @@ def rank_threads(nproc: int) -> Iterator[dict[str, str]]:
             os.environ.pop(key, None)
 
 
+@contextmanager
+def parent_for_ranks() -> Iterator[None]:
+    """Our pid in the environment the ranks inherit, so they die with us; removed after, so
+    this process itself (a test, a notebook) never takes it for its own parent's."""
+    before = os.environ.get(PARENT_ENV)
+    os.environ[PARENT_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PARENT_ENV, None)
+        else:
+            os.environ[PARENT_ENV] = before
+
+
 def launch(nproc: int, args: list[str]) -> int:
     """Run ``python -m adalora_cli ARGS`` on ``nproc`` ranks; the first failure's exit code."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     _quiet_agent()
-    os.environ[PARENT_ENV] = str(os.getpid())  # the ranks inherit it: they die with us
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=f"adalora-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
                           rdzv_endpoint="localhost:0", max_restarts=0)
     try:
-        with rank_threads(nproc):
+        with rank_threads(nproc), parent_for_ranks():
             elastic_launch(config, entrypoint=sys.executable)("-m", "adalora_cli", *args)
     except ChildFailedError as err:
         codes = [f.exitcode for f in err.failures.values()]

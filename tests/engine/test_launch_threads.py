@@ -12,6 +12,7 @@ import pytest
 import torch.distributed.launcher.api as launcher_api
 
 from adalora_cli.engine import launch as launch_module
+from adalora_cli.rundir.owner import PARENT_ENV
 
 pytestmark = pytest.mark.e2e  # starts rank processes
 
@@ -29,7 +30,8 @@ def ranks(monkeypatch):
     def fake_elastic_launch(config, entrypoint):
         def start(*args):
             for _ in range(config.nproc_per_node):
-                rank = {"args": args, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+                rank = {"args": args, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+                        "parent": os.environ.get(PARENT_ENV)}
                 if PROBE["torch"]:
                     rank["threads"] = int(subprocess.run(
                         [entrypoint, "-c", "import torch; print(torch.get_num_threads())"],
@@ -49,6 +51,11 @@ def test_each_rank_gets_its_share_of_the_cores(ranks, monkeypatch):
     assert [r["OMP_NUM_THREADS"] for r in ranks] == ["4", "4"]  # 8 cores / 2 ranks
     assert ranks[0]["args"] == ("-m", "adalora_cli", "train", "x.yaml")
     assert "OMP_NUM_THREADS" not in os.environ  # the launcher's own setting is untouched
+    # the ranks saw the launcher's pid (they die with it), but the launcher's own
+    # environment keeps none: an in-process `train` after it would take the pid for its
+    # parent's, find another parent, and SIGTERM itself
+    assert [r["parent"] for r in ranks] == [str(os.getpid())] * 2
+    assert PARENT_ENV not in os.environ
 
 
 def test_two_ranks_on_two_cores_run_one_thread_each(ranks, monkeypatch):
