@@ -123,7 +123,7 @@ class AdaLoRAConfig:
     gamma: float = 0.1
     """Weight of the orthogonal regularizer (Eq. 4)."""
     orth_reg: Literal["code", "paper"] = "code"
-    """Regularizer form (SPEC section 2)."""
+    """Regularizer form (docs/maths.md#orthogonal-regularizer)."""
     t_init: int = 0
     """t_i: warm-up steps at b0 before pruning starts."""
     delta_t: int = 1
@@ -216,7 +216,7 @@ class SweepMeta:
     name: str | None = None
     """Name of the sweep that launched the run (its manifest's name or the config's stem)."""
     budget_level: int | None = None
-    """The AdaLoRA final budget b(T) this run's size was matched to (SPEC section 7);
+    """The AdaLoRA final budget b(T) this run's size was matched to (docs/maths.md#budget-levels);
     None for methods without a size (BitFit, full) and for runs outside a sweep."""
 
 

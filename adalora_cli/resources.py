@@ -1,7 +1,8 @@
 """``package:`` paths: files shipped inside installed Python packages.
 
 The embedded demo uses real weights and data that install from the package registry
-(SPEC section 10). Configs name them as ``package:<distribution module>/<path inside>``,
+(docs/maths.md#offline-demo-data). Configs name them as
+``package:<distribution module>/<path inside>``,
 resolved here through importlib's module finder, so no config holds a machine-specific path.
 """
 

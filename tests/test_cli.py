@@ -27,7 +27,7 @@ def run_cli(*args: str):
 
 
 def expected_budget(t: int, b0=48, bT=16, ti=4, tf=8, T=32) -> int:
-    """SPEC section 4, written out independently of the allocator."""
+    """docs/maths.md#budget-schedule, written out independently of the allocator."""
     if t <= ti:
         return b0
     if t > T - tf:

@@ -12,7 +12,7 @@ from adalora_cli.methods.registry import METHODS
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "configs").rglob("*.yaml"))
 
-# SPEC section 8: lr, batch, epochs, gamma, t_i, delta_t, t_f
+# docs/maths.md#task-hyperparameters: lr, batch, epochs, gamma, t_i, delta_t, t_f
 GLUE_TABLE = {
     "mnli": (5e-4, 32, 7, 0.1, 8000, 100, 50000),
     "rte": (1.2e-3, 32, 50, 0.3, 600, 1, 1800),

@@ -16,7 +16,7 @@ def sweep(
         None, help="key=value overrides applied to every run"),
     budget: str | None = typer.Option(
         None, "--budget", help="AdaLoRA final budgets b(T), e.g. 144,288,576; every other "
-                               "method gets the matching size (SPEC section 7)"),
+                               "method gets the matching size (docs/maths.md#budget-levels)"),
     methods: str | None = typer.Option(
         None, "--methods", help="e.g. adalora,lora,houlsby,pfeiffer,bitfit,full "
                                 "(default: the config's method)"),

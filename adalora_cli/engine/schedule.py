@@ -12,7 +12,7 @@ from ..config import RunConfig
 
 
 def total_steps(n_train: int, cfg: RunConfig) -> int:
-    """T in optimizer steps (SPEC section 4), counted on the global batch."""
+    """T in optimizer steps (docs/maths.md#budget-schedule), counted on the global batch."""
     t = cfg.train
     if t.max_steps:
         return t.max_steps

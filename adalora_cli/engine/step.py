@@ -1,7 +1,7 @@
 """One optimizer step, shared by the training loop and ``benchmarks/step_time.py``; both build
 it with :meth:`Stepper.build`, so the optimizer, scheduler and scaler they time are the same.
 
-Order inside a step follows SPEC section 5 (the authors' code): backward on every
+Order inside a step follows docs/maths.md#masking (the authors' code): backward on every
 micro-batch -> unscale -> clip -> optimizer.step -> lr step -> method.after_step(t) (AdaLoRA
 scores and masks) -> zero_grad. ``t`` counts optimizer steps from 1, after accumulation.
 """

@@ -1,7 +1,7 @@
 """The paper's published numbers (Tables 1, 2, 3 and 9), for showing beside ours.
 
-Keys are (method, budget level), the level being AdaLoRA's final budget b(T) of SPEC
-section 7 on the paper's model: DeBERTaV3-base (n = 72) for Tables 1, 2 and 9, BART-large
+Keys are (method, budget level), the level being AdaLoRA's final budget b(T) of docs/maths.md
+#budget-levels on the paper's model: DeBERTaV3-base (n = 72) for Tables 1, 2 and 9, BART-large
 (n = 192) for Table 3, whose 0.13 / 0.26 / 1.10 / 2.20 % rows are rbar = 1 / 2 / 8 / 16.
 Methods without a size (full, BitFit) have level None. Values are as printed (x100);
 columns use the report's ``task:metric`` keys. The text is copied from the LaTeX source

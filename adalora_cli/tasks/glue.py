@@ -1,4 +1,5 @@
-"""GLUE (SPEC section 9): eight sentence and sentence-pair tasks on one classifier recipe.
+"""GLUE (docs/maths.md#tasks-and-metrics): eight sentence and sentence-pair tasks on one
+classifier recipe.
 
 A :class:`TextClassificationSpec` states everything task-specific: the hub columns, the
 label names in the hub's id order (empty for STS-B's regression), the metrics, and the

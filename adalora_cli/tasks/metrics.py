@@ -1,4 +1,4 @@
-"""GLUE metrics computed with numpy, scikit-learn and scipy (SPEC section 9).
+"""GLUE metrics computed with numpy, scikit-learn and scipy (docs/maths.md#tasks-and-metrics).
 
 The usual ``evaluate.load("glue", ...)`` fetches its metric scripts from the hub, which
 this project cannot reach, so the same definitions are written out here: accuracy, binary

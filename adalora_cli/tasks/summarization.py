@@ -1,4 +1,5 @@
-"""Abstractive summarization (SPEC sections 8-9): XSum and CNN/DailyMail on BART, ROUGE.
+"""Abstractive summarization (docs/maths.md#task-hyperparameters, #tasks-and-metrics): XSum
+and CNN/DailyMail on BART, ROUGE.
 
 A :class:`SummarizationSpec` names the source and target columns and the default data
 (``EdinburghNLP/xsum`` document -> summary; ``abisee/cnn_dailymail`` 3.0.0 article ->

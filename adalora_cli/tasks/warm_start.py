@@ -1,7 +1,8 @@
 """Warm-start a BART-shaped encoder-decoder from an encoder-only BERT checkpoint.
 
 The summarization demo must run offline, and the best pretrained weights that install from
-the package registry are a 6-layer BERT (MiniLM-L6-H384, SPEC section 10); no pretrained
+the package registry are a 6-layer BERT (MiniLM-L6-H384,
+docs/maths.md#offline-demo-data); no pretrained
 seq2seq model does. Following Rothe et al. (2020, "Leveraging Pre-trained Checkpoints for
 Sequence Generation Tasks"), both the encoder and the decoder start from the BERT weights.
 The result is built as a :class:`~transformers.BartForConditionalGeneration` rather than a

@@ -1,4 +1,5 @@
-"""``adalora sweep``: budget matching (SPEC section 7), planning, manifests, one-line errors,
+"""``adalora sweep``: budget matching (docs/maths.md#budget-levels), planning, manifests,
+one-line errors,
 and the smoke sweep end to end offline (run, skip, rerun an unfinished run, report)."""
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ SMOKE = "configs/smoke/glue.yaml"
 DEBERTA = ("glue", "microsoft/deberta-v3-base", ())
 runner = CliRunner()
 
-# SPEC section 7, copied by hand: rbar -> (AdaLoRA r0, LoRA r, Houlsby d, Pfeiffer d)
+# docs/maths.md#budget-levels, copied by hand: rbar -> (AdaLoRA r0, LoRA r, Houlsby d, Pfeiffer d)
 SPEC_TABLE = {1: (2, 1, 4, 8), 2: (4, 2, 8, 16), 4: (6, 4, 16, 32), 8: (12, 8, 32, 64)}
 
 
@@ -131,7 +132,7 @@ def test_manifests_parse_and_name_missing_configs(in_repo, tmp_path):
 def test_smoke_manifest_plan(in_repo):
     runs = plan(load_manifest(Path("experiments/smoke.yaml")),
                 n_cache={("glue", "tests/fixtures/tiny-bert", ()): 12})
-    # b(T) 12 and 24 on 12 matrices: rbar 1 and 2, straight from the SPEC table
+    # b(T) 12 and 24 on 12 matrices: rbar 1 and 2, straight from the budget-levels table
     assert {(r.method, r.budget_level, r.size) for r in runs} == {
         ("adalora", 12, "r0=2"), ("adalora", 24, "r0=4"), ("lora", 12, "r=1"),
         ("lora", 24, "r=2")}

@@ -82,4 +82,4 @@ def test_demo_config_schedule_fits_the_corpus():
     T = math.ceil(2_020 / (t.batch_size * t.grad_accum)) * int(t.epochs)
     n = 6 * 6 + 6 * 10  # MiniLM's 6 layers: 6 encoder and 10 decoder matrices each
     check_schedule(n * a.init_rank, a.budget, a.t_init, a.t_final, T)  # does not raise
-    assert a.budget == 4 * n and a.init_rank == 6  # mean final rank 4 (SPEC section 7)
+    assert a.budget == 4 * n and a.init_rank == 6  # mean final rank 4 (docs/maths.md#budget-levels)

@@ -1,5 +1,6 @@
 """The SQuAD task: both local formats and the hub load the same rows, one-line errors for
-what a user can fix, the shipped configs carry SPEC values, and every method trains a QA
+what a user can fix, the shipped configs carry the pinned values
+(docs/maths.md#task-hyperparameters), and every method trains a QA
 head on BERT and DeBERTa-v2."""
 
 import contextlib
@@ -149,7 +150,7 @@ def test_evaluate_returns_floats_and_saves_predictions(tmp_path):
     assert list(predictions) == ids and all(isinstance(v, str) for v in predictions.values())
 
 
-# SPEC section 8: lr, batch, epochs, gamma, t_i, delta_t, t_f
+# docs/maths.md#task-hyperparameters: lr, batch, epochs, gamma, t_i, delta_t, t_f
 SQUAD_TABLE = {"squad_v1": (1e-3, 16, 10, 0.1, 5000, 100, 25000),
                "squad_v2": (1e-3, 16, 12, 0.1, 5000, 100, 50000)}
 

@@ -213,7 +213,8 @@ def test_paper_configs_carry_spec_values(name, n_train, lr, batch, epochs, t_i, 
     assert (t.learning_rate, t.batch_size * t.grad_accum, t.epochs) == (lr, batch, epochs)
     assert (a.gamma, a.t_init, a.delta_t, a.t_final, a.alpha) == (0.1, t_i, 100, t_f, 32)
     assert (task.max_length, task.max_target_length, task.num_beams) == (*lengths, beams)
-    # mean final rank 8 over 192 matrices; r0 = ceil(1.5 x 8); LoRA r = 8 (SPEC section 7)
+    # mean final rank 8 over 192 matrices; r0 = ceil(1.5 x 8); LoRA r = 8
+    # (docs/maths.md#budget-levels)
     assert (a.budget, a.init_rank, cfg.lora.r) == (192 * 8, 12, 8)
     T = math.ceil(n_train / batch) * epochs
     assert T > t_i + t_f
