@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..config import TrainConfig
+from ..methods.allocator import StepReport
 from ..methods.base import MethodHandle
 from .build import autocast_factory
 from .schedule import linear_schedule
@@ -34,10 +35,11 @@ class StepLog:
     """Every adapted matrix's rank, when the step changed the mask (a mask event)."""
 
     @classmethod
-    def of(cls, lr: float, logged: dict[str, Any]) -> StepLog:
-        """From what a method's ``after_step`` returned: ``{"budget": b, "ranks": {...}}``."""
-        budget = logged.get("budget")
-        return cls(lr, int(budget) if budget is not None else None, logged.get("ranks"))
+    def of(cls, lr: float, report: StepReport | None) -> StepLog:
+        """From what a method's ``after_step`` returned (None: nothing to report)."""
+        if report is None:
+            return cls(lr)
+        return cls(lr, int(report.budget), report.ranks)
 
 
 @dataclass

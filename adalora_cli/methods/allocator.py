@@ -20,6 +20,7 @@ The state lives on the parameters' device and follows them if the model is moved
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -69,6 +70,16 @@ def check_schedule(b0: int, bT: int, t_init: int, t_final: int, T: int | None) -
             f"rank schedule does not fit: adalora.t_init={t_init} + adalora.t_final={t_final} "
             f"= {t_init + t_final} >= T={T} optimizer steps; shorten them or train longer"
         )
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What the allocator did at one optimizer step (a method's ``after_step`` result)."""
+
+    budget: int
+    """b(t), the total rank budget at this step (docs/maths.md#budget-schedule)."""
+    ranks: dict[str, int] | None = None
+    """Every adapted matrix's rank, when this step changed the mask (a mask event)."""
 
 
 class RankAllocator:
@@ -235,11 +246,11 @@ class RankAllocator:
         torch._foreach_mul_([t for t, *_ in self._targets], self._views)
 
     @torch.no_grad()
-    def step(self, t: int) -> dict[str, Any]:
+    def step(self, t: int) -> StepReport:
         """Call after ``optimizer.step()`` and before ``zero_grad()`` with step t (from 1)."""
         self._sync_device()
         b_t = budget_schedule(t, self.b0, self.bT, self.t_init, self.t_final, self.T)
-        out: dict[str, Any] = {"budget": b_t}
+        ranks = None
         last_scored = self.T - self.t_final
         if t <= last_scored:  # also during warm-up, as the authors' code does
             self._update_scores()
@@ -247,13 +258,13 @@ class RankAllocator:
             if not self.frozen:
                 self._select(self.bT)
                 self.frozen = True
-                out["ranks"] = self.rank_pattern()
+                ranks = self.rank_pattern()
             self._apply_mask()
         elif t > self.t_init and t % self.delta_t == 0:
             self._select(b_t)
             self._apply_mask()
-            out["ranks"] = self.rank_pattern()
-        return out
+            ranks = self.rank_pattern()
+        return StepReport(b_t, ranks)
 
     # ------------------------------------------------------------------ reporting, resume
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from .allocator import RankAllocator
+from .allocator import RankAllocator, StepReport
 
 
 @runtime_checkable
@@ -128,7 +128,7 @@ class MethodHandle:
     """gamma: the loop adds reg_weight * regularizer() to the loss."""
     regularizer: Callable[[], torch.Tensor] | None = None
     """Unweighted regularizer R (logged as orth_reg)."""
-    after_step: Callable[[int], dict[str, Any]] | None = None
+    after_step: Callable[[int], StepReport | None] | None = None
     """Called with the optimizer step t (from 1) after optimizer.step() and before
     zero_grad(); returns values to log, e.g. {"budget": b_t} and, at mask events,
     {"ranks": {module path: rank}}."""

@@ -9,6 +9,7 @@ import torch
 from adalora_cli.config import TrainConfig
 from adalora_cli.engine.step import StepLog, Stepper
 from adalora_cli.methods import apply_method
+from adalora_cli.methods.allocator import StepReport
 from tests.methods._tiny import LAYERS, run_config, tiny_batch, tiny_bert
 
 T, T_INIT, T_FINAL, DELTA_T, BUDGET = 30, 5, 10, 3, 10
@@ -58,10 +59,10 @@ def test_each_step_reports_its_lr_budget_and_mask_events():
     assert events == [6, 9, 12, 15, 18, T - T_FINAL + 1]
 
 
-def test_step_log_from_a_method_dict():
-    assert StepLog.of(1e-3, {"budget": 12.0}) == StepLog(1e-3, 12, None)
+def test_step_log_from_a_methods_report():
+    assert StepLog.of(1e-3, StepReport(12)) == StepLog(1e-3, 12, None)
     # an int, so metrics.jsonl says "budget": 12, never 12.0
-    assert type(StepLog.of(1e-3, {"budget": 12.0}).budget) is int
-    assert StepLog.of(1e-3, {"budget": 4, "ranks": {"a": 3, "b": 1}}) == \
+    assert type(StepLog.of(1e-3, StepReport(12.0)).budget) is int
+    assert StepLog.of(1e-3, StepReport(4, {"a": 3, "b": 1})) == \
         StepLog(1e-3, 4, {"a": 3, "b": 1})
-    assert StepLog.of(2e-3, {}) == StepLog(2e-3)
+    assert StepLog.of(2e-3, None) == StepLog(2e-3)

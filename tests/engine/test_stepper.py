@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from adalora_cli.engine.step import Stepper
+from adalora_cli.engine.step import StepLog, Stepper
+from adalora_cli.methods.allocator import StepReport
 from adalora_cli.methods.base import MethodHandle
 
 LR, BETAS, EPS, WD = 0.1, (0.9, 0.99), 1e-3, 0.01
@@ -83,7 +84,8 @@ def make_stepper(grad_accum=1, max_grad_norm=0.0, scaler=None):
         name="tiny", adapter=[model.lin.weight], head=[model.lin.bias], reg_weight=GAMMA,
         regularizer=lambda: (model.lin.weight ** 2).sum(),
         # after_step sees the step number, and the gradients before they are cleared
-        after_step=lambda t: seen.append((t, model.lin.weight.grad is not None)) or {"t": t})
+        after_step=lambda t: seen.append((t, model.lin.weight.grad is not None))
+        or StepReport(10 - t, {"lin": t}))
     opt = torch.optim.AdamW(handle.trainable, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))
     scaler = scaler or torch.amp.GradScaler("cpu", enabled=False)
@@ -125,7 +127,8 @@ def test_two_adamw_steps_match_the_formula():
     assert torch.allclose(model.lin.weight.detach(), w, atol=1e-6, rtol=0)
     assert torch.allclose(model.lin.bias.detach(), b, atol=1e-6, rtol=0)
     # each step reports the rate it used (then the scheduler moves on) and after_step's log
-    assert first == (pytest.approx(LR), {"t": 1}) and second == (pytest.approx(LR / 2), {"t": 2})
+    assert first == StepLog(pytest.approx(LR), 9, {"lin": 1})
+    assert second == StepLog(pytest.approx(LR / 2), 8, {"lin": 2})
     assert seen == [(1, True), (2, True)]
     assert model.lin.weight.grad is None and model.lin.bias.grad is None  # zero_grad(None)
     # backward returns the task loss alone and the unweighted regularizer (of the weights

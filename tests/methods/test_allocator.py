@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from adalora_cli.methods.adalora import SVDLinear
-from adalora_cli.methods.allocator import RankAllocator
+from adalora_cli.methods.allocator import RankAllocator, StepReport
 from adalora_cli.methods.lora import LoRALinear
 
 # ------------------------------------------------------------------ helpers
@@ -181,7 +181,7 @@ def _mask_run(scores_a, scores_b, budget: int) -> tuple[list[float], list[float]
     alloc = _alloc(layers, budget=budget, total_steps=3, t_init=0, t_final=2, score="magnitude")
     _random_grads(layers, seed=0)
     out = alloc.step(2)
-    assert sum(out["ranks"].values()) == budget
+    assert sum(out.ranks.values()) == budget
     return layers[0][1].lam.tolist(), layers[1][1].lam.tolist()
 
 
@@ -205,7 +205,7 @@ def test_all_zero_scores_keep_exactly_the_scheduled_budget() -> None:
             for p in layer.adapter_parameters():
                 p.grad = torch.zeros_like(p)  # every score is 0: all ties
         out = alloc.step(t)
-        assert out["budget"] == b_t and sum(out["ranks"].values()) == b_t
+        assert out.budget == b_t and sum(out.ranks.values()) == b_t
         kept = [x for _, layer in layers for x in layer.lam.tolist()]
         assert kept == [1.0] * b_t + [0.0] * (5 - b_t)
 
@@ -218,17 +218,17 @@ def test_masked_lam_regrows_between_events_and_p_q_keep_training() -> None:
     alloc = _alloc(layers, budget=1, total_steps=20, t_init=0, t_final=5, delta_t=2,
                    score="magnitude")
     _random_grads(layers, seed=0)
-    assert "ranks" not in alloc.step(1)  # 1 % 2 != 0: no mask event
+    assert alloc.step(1).ranks is None  # 1 % 2 != 0: no mask event
     assert a.lam.tolist() == [1.0, 2.0]
     P_before, Q_before = a.P.detach().clone(), a.Q.detach().clone()
     out = alloc.step(2)  # b(2) = floor(1 + 4 * (13/15)**3) = 3: keeps |lam| 5, 4, 3
-    assert out["ranks"] == {"a": 0, "b": 3} and a.lam.tolist() == [0.0, 0.0]
+    assert out.ranks == {"a": 0, "b": 3} and a.lam.tolist() == [0.0, 0.0]
     assert torch.equal(a.P, P_before) and torch.equal(a.Q, Q_before)  # only lam is masked
     _set(a.lam, [7.0, 0.5])  # the optimizer moved the masked lam
-    assert "ranks" not in alloc.step(3)
+    assert alloc.step(3).ranks is None
     assert a.lam.tolist() == [7.0, 0.5]  # not re-masked between events
     out = alloc.step(4)  # b(4) = floor(1 + 4 * (11/15)**3) = 2: keeps |lam| 7 and 5
-    assert out["ranks"] == {"a": 1, "b": 1} and a.lam.tolist() == [7.0, 0.0]
+    assert out.ranks == {"a": 1, "b": 1} and a.lam.tolist() == [7.0, 0.0]
 
 
 def test_final_phase_freezes_pattern_and_reapplies_it() -> None:
@@ -241,14 +241,14 @@ def test_final_phase_freezes_pattern_and_reapplies_it() -> None:
                    score="magnitude")
     _random_grads(layers, seed=0)
     for t in range(1, 8):  # t = 7 = T - t_f: last step before the final phase, no event
-        assert "ranks" not in alloc.step(t)
+        assert alloc.step(t).ranks is None
     I_bar = alloc.I_bar.clone()
     out = alloc.step(8)  # first final step: pattern at bT = 2 from |lam| -> {3, 2}
-    assert out == {"budget": 2, "ranks": {"a": 1, "b": 1}}
+    assert out == StepReport(2, {"a": 1, "b": 1})
     assert a.lam.tolist() == [0.0, 2.0] and b.lam.tolist() == [3.0, 0.0, 0.0]
     _set(a.lam, [9.0, 2.0])  # a pruned lam regrows and would now win on magnitude
     _set(b.lam, [0.5, 8.0, 0.0])
-    assert alloc.step(9) == {"budget": 2}  # no new pattern...
+    assert alloc.step(9) == StepReport(2)  # no new pattern...
     assert a.lam.tolist() == [0.0, 2.0] and b.lam.tolist() == [0.5, 0.0, 0.0]  # ...re-applied
     assert alloc.rank_pattern() == {"a": 1, "b": 1}
     assert torch.equal(alloc.I_bar, I_bar)  # no score updates in the final phase
@@ -262,7 +262,7 @@ def test_ema_updates_during_warm_up_without_masking() -> None:
     _random_grads(layers, seed=1)
     _set(layers[0][1].lam, [1.0, 1.0])
     out = alloc.step(1)
-    assert out == {"budget": 5} and torch.count_nonzero(alloc.I_bar) > 0
+    assert out == StepReport(5) and torch.count_nonzero(alloc.I_bar) > 0
     assert layers[0][1].lam.tolist() == [1.0, 1.0]
 
 
@@ -274,7 +274,7 @@ def test_prune_lora_zeroes_whole_doublets() -> None:
     _set(a.A, [[1.0, 0, 0, 0, 0], [2.0, 0, 0, 0, 0]])  # doublet 1 of a is the largest
     _set(layers[1][1].B, torch.zeros(4, 3))
     _random_grads(layers, seed=0)
-    assert alloc.step(2)["ranks"] == {"a": 1, "b": 0}
+    assert alloc.step(2).ranks == {"a": 1, "b": 0}
     assert a.B[:, 0].abs().sum() == 0 and a.A[0].abs().sum() == 0
     assert torch.equal(a.B[:, 1], torch.ones(3)) and a.A[1, 0] == 2.0
     assert alloc.final_adapter_params() == 5 + 3  # d_in + d_out, no singular value
@@ -323,7 +323,7 @@ def test_follows_the_model_to_another_device() -> None:
         layer.to("meta")
         for p in layer.adapter_parameters():
             p.grad = torch.zeros_like(p)
-    assert alloc.step(1) == {"budget": 5}
+    assert alloc.step(1) == StepReport(5)
     assert alloc.I_bar.device.type == "meta" and alloc.mask.device.type == "meta"
     assert alloc.params[1] is layers[0][1].lam
 

@@ -155,11 +155,11 @@ def test_full_schedule_on_tiny_bert_ends_at_the_budget() -> None:
         opt.step()
         logged = handle.after_step(t)
         opt.zero_grad()
-        assert logged["budget"] == budget_schedule(t, b0, bT, t_init, t_final, T)
+        assert logged.budget == budget_schedule(t, b0, bT, t_init, t_final, T)
         event = (t_init < t <= T - t_final and t % delta_t == 0) or t == T - t_final + 1
-        assert ("ranks" in logged) == event
+        assert (logged.ranks is not None) == event
         if event:
-            assert sum(logged["ranks"].values()) == logged["budget"]
+            assert sum(logged.ranks.values()) == logged.budget
     ranks = handle.allocator.rank_pattern()
     layers = dict(handle.layers)
     assert sum(ranks.values()) == bT
