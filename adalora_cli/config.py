@@ -258,7 +258,7 @@ class RunConfig:
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sweep: SweepMeta = field(default_factory=SweepMeta)
-    log: LogConfig = field(default_factory=LogConfig)  # tracking (issue 12)
+    log: LogConfig = field(default_factory=LogConfig)  # trackers mirror the run directory
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -324,7 +324,7 @@ def validate(cfg: RunConfig) -> None:
     _check(t.keep_checkpoints >= 1,
            f"train.keep_checkpoints must be >= 1, got {t.keep_checkpoints}")
     _check(cfg.task.max_length >= 8, f"task.max_length must be >= 8, got {cfg.task.max_length}")
-    # tracking (issue 12)
+    # trackers: each named once, heatmap uploads at most this often
     _check(len(set(cfg.log.to)) == len(cfg.log.to),
            f"log.to names a tracker twice ({cfg.log.to}); list each once")
     _check(cfg.log.heatmap_every_s >= 0,

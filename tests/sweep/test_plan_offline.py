@@ -16,6 +16,7 @@ from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, load_config
 from adalora_cli.engine.build import dry_run, resolve_resources
 from adalora_cli.engine.skeleton import count_adapted
+from adalora_cli.sweep.local import write_manifest
 from adalora_cli.sweep.plan import build_spec, plan
 
 runner = CliRunner()
@@ -61,6 +62,9 @@ def test_plan_and_status_without_the_weight_file(in_repo, tmp_path, fixtures):
     assert {(r.method, r.budget_level, r.size) for r in runs} == {
         ("adalora", 12, "r0=2"), ("adalora", 24, "r0=4"), ("lora", 12, "r=1"),
         ("lora", 24, "r=2")}  # rbar 1 and 2 on 12 matrices, as with the weights
+    # a sweep submitted from here whose jobs have not started: its folder holds the manifest
+    (tmp_path / "s").mkdir()
+    write_manifest(spec, runs, tmp_path / "s")
     result = runner.invoke(app, ["sweep", "configs/smoke/glue.yaml",
                                  f"model.name_or_path={model}", "--budget", "12,24",
                                  "--methods", "adalora,lora", "--seeds", "0", "--status",
