@@ -279,16 +279,15 @@ def render_rich(report: Report, console: Console) -> None:
         console.print(rt)
         headers, rows = _comparison_grid(report, table)
         if rows:
-            ct = RichTable(title="vs LoRA at the same budget level (Welch t-test)")
-            for h in headers:
-                ct.add_column(h)
-            for r in rows:
-                ct.add_row(*r)
-            console.print(ct)
-    headers, rows = _cost_grid(report)
-    cost = RichTable(title="Training cost (paper Table 9)")
+            console.print(_plain_table("vs LoRA at the same budget level (Welch t-test)",
+                                       headers, rows))
+    console.print(_plain_table("Training cost (paper Table 9)", *_cost_grid(report)))
+
+
+def _plain_table(title: str, headers: list[str], rows: list[list[str]]) -> RichTable:
+    table = RichTable(title=title)
     for h in headers:
-        cost.add_column(h)
+        table.add_column(h)
     for r in rows:
-        cost.add_row(*r)
-    console.print(cost)
+        table.add_row(*r)
+    return table

@@ -13,7 +13,6 @@ stripping surrounding whitespace) and ROUGE-L F x 100, and written to ``predicti
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -196,12 +195,7 @@ class CausalLMTask:
         """``predictions.jsonl`` when evaluation generated (task.max_new_tokens > 0)."""
         if not self.predictions:
             return []
-        path = Path(run_dir) / PREDICTIONS
-        with path.open("w", encoding="utf-8") as handle:
-            for rows in self.predictions.values():
-                for row in rows:
-                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        return [path]
+        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS, self.predictions)
 
     # ---------------------------------------------------------------- predict
 

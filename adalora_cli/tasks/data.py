@@ -15,6 +15,7 @@ import csv
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import datasets
 import pandas as pd
@@ -158,3 +159,12 @@ def require_columns(ds: datasets.Dataset, columns: Sequence[str], where: str) ->
 def take(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:
     """The first ``n`` rows (all of them when ``n`` is None or larger than the split)."""
     return ds if n is None or n >= len(ds) else ds.select(range(n))
+
+
+def write_jsonl(path: Path, splits: dict[str, list[dict[str, Any]]]) -> list[Path]:
+    """Every split's prediction rows into one JSON-lines file (``predictions.jsonl``)."""
+    with path.open("w", encoding="utf-8") as handle:
+        for rows in splits.values():
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return [path]

@@ -25,7 +25,6 @@ checkpoint (the offline demo's MiniLM) is warm-started into the same BART shape 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -286,12 +285,7 @@ class SummarizationTask:
 
     def save_predictions(self, run_dir: Path) -> list[Path]:
         """``predictions.jsonl``: one JSON object per evaluated example."""
-        path = Path(run_dir) / PREDICTIONS
-        with path.open("w", encoding="utf-8") as handle:
-            for rows in self.predictions.values():
-                for row in rows:
-                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        return [path]
+        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS, self.predictions)
 
 
 def summarization_task(cfg: RunConfig) -> SummarizationTask:
