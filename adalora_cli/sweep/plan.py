@@ -11,6 +11,7 @@ in :mod:`adalora_cli.sweep.local`; this module only decides what to run.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -23,6 +24,7 @@ SIZED = tuple(name for name, spec in METHODS.items() if spec.sized)
 """Methods whose size follows the budget level (their registry entry has a ``match``)."""
 # Keys the sweep sets itself: a user override of these would break the grid.
 _RESERVED = ("method.name", "train.seed", "sweep.")
+_TAG = re.compile(r"[A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,10 @@ class Group:
     """None: run each config at its own sizes, with no budget level recorded."""
     seeds: list[int]
     overrides: list[str] = field(default_factory=list)
+    tag: str = ""
+    """Put into the run directory names (``<config>-<method>-b<level>-<tag>-s<seed>``), so
+    two groups that differ only in their overrides (say two learning rates) can share a
+    sweep."""
 
 
 @dataclass(frozen=True)
@@ -139,10 +145,14 @@ def _group(raw: object, i: int, path: Path, seeds: list[int]) -> Group:
     where = f"{path}: runs[{i}]"
     if not isinstance(raw, dict) or "configs" not in raw or "methods" not in raw:
         raise ConfigError(f"{where} must be a mapping with configs: and methods: lists")
-    unknown = sorted(set(raw) - {"configs", "methods", "budgets", "seeds", "overrides"})
+    unknown = sorted(set(raw) - {"configs", "methods", "budgets", "seeds", "overrides", "tag"})
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]}; "
-                          "valid keys: configs, methods, budgets, seeds, overrides")
+                          "valid keys: configs, methods, budgets, seeds, overrides, tag")
+    tag = str(raw.get("tag") or "")
+    if tag and not _TAG.fullmatch(tag):
+        raise ConfigError(f"{where}: tag {tag!r} must be letters, digits, '.', '_' or '-' "
+                          "(it becomes part of a directory name), e.g. tag: lr2e-3")
     configs = raw["configs"] if isinstance(raw["configs"], list) else [raw["configs"]]
     as_text = ",".join(str(b) for b in raw["budgets"]) if raw.get("budgets") else None
     group_seeds = raw.get("seeds")
@@ -152,6 +162,7 @@ def _group(raw: object, i: int, path: Path, seeds: list[int]) -> Group:
         budgets=parse_int_list(as_text, f"{where} budgets", 1),
         seeds=[int(s) for s in group_seeds] if group_seeds is not None else seeds,
         overrides=_check_overrides([str(o) for o in raw.get("overrides") or []], where),
+        tag=tag,
     )
 
 
@@ -166,7 +177,7 @@ def load_manifest(path: Path) -> SweepSpec:
     seeds = [int(s) for s in data.get("seeds") or [0]]
     shared = _check_overrides([str(o) for o in data.get("overrides") or []], str(path))
     groups = [_group(raw, i, path, seeds) for i, raw in enumerate(data["runs"])]
-    groups = [Group(g.configs, g.methods, g.budgets, g.seeds, shared + g.overrides)
+    groups = [Group(g.configs, g.methods, g.budgets, g.seeds, shared + g.overrides, g.tag)
               for g in groups]
     return SweepSpec(str(data.get("name") or path.stem), groups, path)
 
@@ -187,7 +198,7 @@ def build_spec(source: Path, budgets: str | None = None, methods: str | None = N
             if kept:
                 groups.append(Group(g.configs, kept,
                                     budget_list if budget_list and g.budgets else g.budgets,
-                                    seed_list or g.seeds, g.overrides + extra))
+                                    seed_list or g.seeds, g.overrides + extra, g.tag))
         if not groups:
             raise ConfigError(f"--methods {methods} matches no run in {source}")
         return SweepSpec(spec.name, groups, source)
@@ -246,14 +257,15 @@ def plan(spec: SweepSpec, n_cache: dict | None = None) -> list[PlannedRun]:
                     sized = size_overrides(method, level, n)
                     for seed in g.seeds:
                         run = _planned(spec, config, stems[config], method, level, seed,
-                                       sized, g.overrides)
+                                       sized, g.overrides, g.tag)
                         _add(runs, run)
     return list(runs.values())
 
 
 def _planned(spec: SweepSpec, config: Path, stem: str, method: str, level: int | None,
-             seed: int, sized: list[str], extra: list[str]) -> PlannedRun:
-    name = f"{stem}-{method}" + (f"-b{level}" if level is not None else "") + f"-s{seed}"
+             seed: int, sized: list[str], extra: list[str], tag: str = "") -> PlannedRun:
+    name = (f"{stem}-{method}" + (f"-b{level}" if level is not None else "")
+            + (f"-{tag}" if tag else "") + f"-s{seed}")
     overrides = (f"method.name={method}", *sized, f"train.seed={seed}",
                  f"sweep.name={spec.name}",
                  f"sweep.budget_level={level if level is not None else 'null'}", *extra)
@@ -268,5 +280,6 @@ def _add(runs: dict[str, PlannedRun], run: PlannedRun) -> None:
     earlier = runs.get(run.name)
     if earlier is not None and earlier.overrides != run.overrides:
         raise ConfigError(f"two different runs would share the directory {run.name}; "
-                          "give their configs different file names")
+                          "give their configs different file names or their groups "
+                          "different tags (tag: in the manifest)")
     runs[run.name] = run
