@@ -22,10 +22,13 @@ def report(
     eval_name: str | None = typer.Option(
         None, "--eval", help="Show the scores of `adalora eval ... --name NAME` "
                              "(eval/NAME.json) instead of the training's"),
+    min_seeds: int = typer.Option(
+        1, "--min-seeds", help="Leave out settings with fewer seeds (e.g. 2 after a "
+                               "learning-rate search on seed 0)"),
 ) -> None:
     """Tables (paper Tables 1-3, 9) and figures (3-5) from finished run directories."""
     from ..report.command import run_report
 
     with boundary(interrupted="interrupted", os_errors=True):
         run_report(list(paths), fmt, out_dir, paper=paper, figures=figures,
-                   eval_name=eval_name, out=out(), err=err())
+                   eval_name=eval_name, min_seeds=min_seeds, out=out(), err=err())

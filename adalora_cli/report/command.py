@@ -11,9 +11,10 @@ from ..config import ConfigError
 
 
 def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool,
-               figures: bool, eval_name: str | None, out: Console, err: Console) -> None:
+               figures: bool, eval_name: str | None, out: Console, err: Console,
+               min_seeds: int = 1) -> None:
     """``fmt``: one of render.FORMATS, several joined by commas, or ``all``. Skipped runs
-    and duplicates are warnings on ``err``; no finished run at all is a ConfigError."""
+    and left-out runs are warnings on ``err``; no finished run at all is a ConfigError."""
     from .render import FORMATS
     from .tables import build_report
 
@@ -28,10 +29,13 @@ def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} is a file; pass a folder for the report "
                           "(it is created if missing)")
-    result = build_report(list(paths), show_paper=paper, eval_name=eval_name)
+    if min_seeds < 1:
+        raise ConfigError(f"--min-seeds {min_seeds} must be at least 1")
+    result = build_report(list(paths), show_paper=paper, eval_name=eval_name,
+                          min_seeds=min_seeds)
     for path, reason in result.skipped:
         _warn(err, f"skipped {path}: {reason}")
-    for note in result.duplicates:
+    for note in result.notes:
         _warn(err, note)
     if not result.runs:
         raise ConfigError(f"no finished runs under {', '.join(map(str, paths))}")

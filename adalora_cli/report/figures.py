@@ -2,7 +2,8 @@
 
 - Figure 3: the final rank of every adapted matrix, averaged over seeds, per task, method
   and budget level (cells annotated with one decimal, since a mean rank need not be whole).
-- Figure 4: metric against "# Params", one line per method, error bars = sample std.
+- Figure 4: metric against "# Params", one line per method, a band of ± the sample std
+  over seeds around the mean.
 - Figure 5: the orthogonality penalty R (``orth_reg`` in metrics.jsonl) over training,
   mean over seeds with the min-max band. The paper plots the squared norms of single
   matrices; R is what the loss used (Eq. 4, docs/maths.md#orthogonal-regularizer), so it is
@@ -116,8 +117,12 @@ def budget_curves(tables: list[Table], out: Path) -> list[Path]:
                     points.sort()
                     x, y, err = zip(*points)
                     name = METHOD_NAMES.get(method, method)
-                    ax.errorbar(x, y, yerr=err, marker="o", capsize=3,
-                                label=f"{name} {_variant_words(variant)}".strip())
+                    line, = ax.plot(x, y, marker="o",
+                                    label=f"{name} {_variant_words(variant)}".strip())
+                    # the band is mean +- sample std over seeds (zero where one seed)
+                    ax.fill_between(x, [m - e for m, e in zip(y, err)],
+                                    [m + e for m, e in zip(y, err)],
+                                    color=line.get_color(), alpha=0.2, linewidth=0)
                 xs = [p for pts in by_method.values() for p, _, _ in pts if p > 0]
                 if xs and max(xs) > 10 * min(xs):
                     ax.set_xscale("log")
@@ -125,7 +130,8 @@ def budget_curves(tables: list[Table], out: Path) -> list[Path]:
                 ax.set_ylabel(f"{col.title} {col.label}")
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=7)
-            fig.suptitle(f"{cols[0].title}: metric against # Params", fontsize=10)
+            fig.suptitle(f"{cols[0].title}: metric against # Params "
+                         "(mean ± std over seeds)", fontsize=10)
             paths.append(_save(fig, out / f"fig4_budget_{_slug(task)}.png"))
     return paths
 

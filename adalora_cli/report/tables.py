@@ -371,14 +371,38 @@ class Report:
     cost: list[CostRow]
     runs: list[Run]
     skipped: list[tuple[Path, str]]
-    duplicates: list[str]
+    notes: list[str]
+    """Warnings about runs read but not counted: repeated seeds, settings under --min-seeds."""
     show_paper: bool = False
 
 
+def keep_min_seeds(runs: list[Run], minimum: int) -> tuple[list[Run], list[str]]:
+    """Leave out the settings (task, method, size, config) with fewer than ``minimum`` seeds,
+    with a note naming each: after a learning-rate search on one seed, the rates not carried
+    on to more seeds are not results to plot or test."""
+    pools: dict[tuple, list[Run]] = {}
+    for run in runs:
+        pools.setdefault((run.task, run.method, run.budget_level, run.size, run.digest),
+                         []).append(run)
+    kept, notes = [], []
+    for (task, method, level, size, _), same in pools.items():
+        if len(same) >= minimum:
+            kept.extend(same)
+            continue
+        name = METHOD_NAMES.get(method, method)
+        where = ", ".join(str(r.path) for r in same)
+        notes.append(f"left out {name} {size}{f' ({level})' if level is not None else ''} "
+                     f"{task}: {len(same)} seed{'s' * (len(same) != 1)} < --min-seeds "
+                     f"{minimum} ({where})")
+    kept_ids = {id(r) for r in kept}
+    return [r for r in runs if id(r) in kept_ids], notes
+
+
 def build_report(paths: list[Path], show_paper: bool = False,
-                 eval_name: str | None = None) -> Report:
+                 eval_name: str | None = None, min_seeds: int = 1) -> Report:
     runs, skipped = load_runs(paths, eval_name)
     runs, duplicates = dedupe_seeds(runs)
+    runs, left_out = keep_min_seeds(runs, min_seeds)
     tables = build_tables(runs)
     return Report(tables, compare_to_lora(tables), training_cost(runs), runs, skipped,
-                  duplicates, show_paper)
+                  duplicates + left_out, show_paper)

@@ -121,7 +121,7 @@ def test_a_repeated_seed_is_kept_once_the_newest(tmp_path):
     report = build_report([tmp_path])
     # averaging all three would give 60.0 (3); one per seed: (70 + 60) / 2 = 65.0 (2)
     assert rows_of(tmp_path) == [((), 2, 65.0)]
-    (note,) = report.duplicates
+    (note,) = report.notes
     assert "seed 0 comes from 2 runs of one config" in note
     assert note.endswith(f"kept only the newest, {new}")
     assert sorted(r.path for r in report.runs) == sorted([new, tmp_path / "other-seed"])
@@ -175,3 +175,55 @@ def test_figures_use_the_same_grouping(tmp_path, monkeypatch):
     assert legends["fig4_budget_rte.png"] == ["AdaLoRA lr=0.0005", "AdaLoRA lr=0.001"]
     assert legends["fig5_orth_rte.png"] == ["AdaLoRA b(T)=144 lr=0.0005 (1 seeds)",
                                             "AdaLoRA b(T)=144 lr=0.001 (1 seeds)"]
+
+
+def test_min_seeds_leaves_out_the_unchosen_learning_rate(tmp_path):
+    """After a learning-rate search on seed 0 only the chosen rate has three seeds: with
+    --min-seeds 2 the other rate's single run is left out, with a note, and AdaLoRA is
+    compared with the one LoRA row left at its level."""
+    make_run(tmp_path, "ada-lr1-s0", 0, 0.60, train={"learning_rate": 1e-3})
+    for seed, a in enumerate([0.70, 0.74, 0.72]):
+        make_run(tmp_path, f"ada-lr2-s{seed}", seed, a, train={"learning_rate": 2e-3})
+    make_run(tmp_path, "lora-lr2-s0", 0, 0.50, method="lora", train={"learning_rate": 2e-3})
+    for seed, b in enumerate([0.66, 0.70, 0.65]):
+        make_run(tmp_path, f"lora-lr1-s{seed}", seed, b, method="lora",
+                 train={"learning_rate": 1e-3})
+    assert len(build_report([tmp_path]).tables[0].rows) == 4
+    report = build_report([tmp_path], min_seeds=2)
+    (table,) = report.tables
+    assert sorted((r.method, r.cells["rte:Acc"].n, round(r.cells["rte:Acc"].mean, 6))
+                  for r in table.rows) == [("adalora", 3, 72.0), ("lora", 3, 67.0)]
+    assert len(report.notes) == 2 and all("--min-seeds 2" in n for n in report.notes)
+    assert any("ada-lr1-s0" in n for n in report.notes)
+    (comparison,) = report.comparisons
+    assert comparison.diff == pytest.approx(5.0)
+    # Welch: squared standard errors 4 / 3 and 7 / 3 -> t = 5 / sqrt(11/3) = 2.6112, and
+    # df = (11/3)^2 / ((4/3)^2 / 2 + (7/3)^2 / 2) = 3.7231; scipy's own test agrees
+    from scipy.stats import ttest_ind
+    expected = ttest_ind([70, 74, 72], [66, 70, 65], equal_var=False)
+    assert round(float(expected.statistic), 4) == 2.6112
+    assert comparison.p == pytest.approx(float(expected.pvalue), rel=1e-9)
+
+
+def test_budget_figure_bands_are_mean_plus_minus_std(tmp_path, monkeypatch):
+    for level, accs in ((72, [0.70, 0.74, 0.72]), (144, [0.80, 0.80, 0.83])):
+        for seed, a in enumerate(accs):
+            make_run(tmp_path, f"b{level}-s{seed}", seed, a, level=level,
+                     summary_extra={"adapter_params": 10 * level})
+    drawn = {}
+    save = figures._save
+
+    def keep_band(fig, path):
+        (band,) = fig.axes[0].collections
+        (line,) = fig.axes[0].get_lines()
+        drawn[path.name] = (list(line.get_xdata()), list(line.get_ydata()),
+                            band.get_paths()[0].vertices)
+        return save(fig, path)
+
+    monkeypatch.setattr(figures, "_save", keep_band)
+    figures.write_figures(build_report([tmp_path]), tmp_path / "fig")
+    x, y, vertices = drawn["fig4_budget_rte.png"]
+    assert x == [720, 1440] and y == pytest.approx([72.0, 81.0])
+    # sample std by hand: (70, 74, 72) -> 2.0; (80, 80, 83) -> sqrt(3) = 1.7321
+    ys = {round(v, 4) for v in vertices[:, 1]}
+    assert {70.0, 74.0, round(81 - 3 ** 0.5, 4), round(81 + 3 ** 0.5, 4)} <= ys

@@ -279,7 +279,7 @@ def test_training_cost(tmp_path):
 
 def test_duplicate_seed_is_reported(runs):
     make_run(runs / "copy", "rte-lora-s0", "rte", "lora", 0, acc(0.80), 144, params=800)
-    notes = build_report([runs]).duplicates
+    notes = build_report([runs]).notes
     assert len(notes) == 1 and "seed 0" in notes[0]
 
 

@@ -282,3 +282,24 @@ def test_report_of_the_smoke_sweep(smoke_sweep, tmp_path):
     assert result.exit_code == 0, result.output
     assert {p.name for p in (tmp_path / "all").iterdir()} == {
         "report.md", "report.tex", "results.csv", "training_cost.csv"}
+
+
+def test_group_tags_name_runs_and_are_checked(in_repo, tmp_path):
+    manifest = tmp_path / "m.yaml"
+    group = {"configs": [SMOKE], "methods": ["lora"], "budgets": [12]}
+    manifest.write_text(yaml.safe_dump({"name": "lrs", "runs": [
+        {**group, "overrides": ["train.learning_rate=0.001"], "tag": "lr1e-3"},
+        {**group, "overrides": ["train.learning_rate=0.002"], "tag": "lr2e-3"}]}))
+    runs = plan(load_manifest(manifest), n_cache={("glue", "tests/fixtures/tiny-bert", ()): 12})
+    lrs = {r.name: load_config(r.config, list(r.overrides)).train.learning_rate for r in runs}
+    assert lrs == {"glue-lora-b12-lr1e-3-s0": 0.001, "glue-lora-b12-lr2e-3-s0": 0.002}
+    # without the tags the two groups would write one directory: refused, naming the fix
+    manifest.write_text(yaml.safe_dump({"runs": [
+        {**group, "overrides": ["train.learning_rate=0.001"]},
+        {**group, "overrides": ["train.learning_rate=0.002"]}]}))
+    with pytest.raises(ConfigError, match=r"share the directory glue-lora-b12-s0; .*tag"):
+        plan(load_manifest(manifest), n_cache={("glue", "tests/fixtures/tiny-bert", ()): 12})
+    manifest.write_text(yaml.safe_dump({"runs": [{**group, "tag": "lr/2"}]}))
+    with pytest.raises(ConfigError, match=r"runs\[0\]: tag 'lr/2' must be letters"):
+        load_manifest(manifest)
+
