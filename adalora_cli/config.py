@@ -29,7 +29,7 @@ class TaskConfig:
     name: str = "rte"
     """Task key: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), squad_v1, squad_v2,
     xsum, cnn_dailymail, causal_lm (your own JSONL/CSV/Parquet on a decoder-only model), or an
-    offline demo (rotten_tomatoes, bbc_news)."""
+    offline demo (rotten_tomatoes, bbc_topic, bbc_news)."""
     dataset: str | None = None
     """Hub dataset id; None means the task's default (nyu-mll/glue for GLUE)."""
     data_dir: str | None = None

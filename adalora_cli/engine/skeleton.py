@@ -27,6 +27,7 @@ from ..tasks import TASKS
 _HEADS = {
     "glue": "AutoModelForSequenceClassification",
     "rotten_tomatoes": "AutoModelForSequenceClassification",
+    "bbc_topic": "AutoModelForSequenceClassification",
     "squad": "AutoModelForQuestionAnswering",
     "summarization": "AutoModelForSeq2SeqLM",
 }
