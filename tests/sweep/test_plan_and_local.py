@@ -303,3 +303,34 @@ def test_group_tags_name_runs_and_are_checked(in_repo, tmp_path):
     with pytest.raises(ConfigError, match=r"runs\[0\]: tag 'lr/2' must be letters"):
         load_manifest(manifest)
 
+
+
+@pytest.mark.parametrize("task", ["rotten_tomatoes", "bbc_topic"])
+def test_budget_curve_manifest_matches_budgets_and_pools_seeds(task, in_repo):
+    """experiments/budget_curve_<task>.yaml: AdaLoRA at b(T) for mean final rank 1/2/4/8 on
+    the demo model's 36 matrices (counted from its config.json) against LoRA r = 1/2/4/8,
+    two learning rates on seed 0, then seeds 1 and 2 at one of them; sizes worked out by
+    hand from docs/maths.md#budget-levels (r0 = ceil(1.5 rbar), LoRA r = rbar)."""
+    runs = plan(load_manifest(Path(f"experiments/budget_curve_{task}.yaml")))
+    assert {r.config for r in runs} == {Path(f"configs/demo/{task}.yaml")}
+    expected_size = {("adalora", 36): "r0=2", ("adalora", 72): "r0=4",
+                     ("adalora", 144): "r0=6", ("adalora", 288): "r0=12",
+                     ("lora", 36): "r=1", ("lora", 72): "r=2", ("lora", 144): "r=4",
+                     ("lora", 288): "r=8"}
+    assert {(r.method, r.budget_level): r.size for r in runs} == expected_size
+    assert len(runs) == 8 * 2 + 8 * 2  # seed 0 at both rates, seeds 1 and 2 at the chosen
+    configs = {r.name: load_config(r.config, list(r.overrides)) for r in runs}
+    for cfg in configs.values():
+        if cfg.method.name == "adalora":  # b(T) is the level; b0 = 36 r0 >= b(T)
+            assert cfg.adalora.budget == cfg.sweep.budget_level <= 36 * cfg.adalora.init_rank
+    for method, level in expected_size:
+        mine = [r for r in runs if (r.method, r.budget_level) == (method, level)]
+        seed0 = {configs[r.name].train.learning_rate for r in mine if r.seed == 0}
+        later = {configs[r.name].train.learning_rate for r in mine if r.seed != 0}
+        assert seed0 == {0.001, 0.002} and len(later) == 1 and later <= seed0
+        assert sorted(r.seed for r in mine) == [0, 0, 1, 2]
+        # the chosen rate's seed-0 run is the same experiment as seeds 1 and 2 (they pool)
+        chosen = [configs[r.name] for r in mine if configs[r.name].train.learning_rate
+                  in later]
+        bare = [{**c.to_dict(), "train": {**c.to_dict()["train"], "seed": 0}} for c in chosen]
+        assert all(b == bare[0] for b in bare)
