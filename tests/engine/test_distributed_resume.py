@@ -79,14 +79,18 @@ def _wait_until(cond, limit: float = 300.0) -> bool:
     return cond()
 
 
-def test_ranks_stop_when_their_launcher_is_killed(tmp_path):
-    out = tmp_path / "run"
+def _launch_long_run(out: Path, **streams) -> subprocess.Popen:
+    """A 2-process run long enough to be stopped mid-training, in its own session."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop("ADALORA_FAULT", None)
-    launcher = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "adalora_cli", *two(out, "train.epochs=2000")], cwd=ROOT,
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        env=env, start_new_session=True, **streams)
+
+
+def test_ranks_stop_when_their_launcher_is_killed(tmp_path):
+    out = tmp_path / "run"
+    launcher = _launch_long_run(out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ranks: list[int] = []
     try:
         assert _wait_until(lambda: (out / "metrics.jsonl").is_file()
@@ -107,12 +111,8 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path):
 
 def test_sigterm_to_the_launcher_preempts_with_one_error_line(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("ADALORA_FAULT", None)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "adalora_cli", *two(out, "train.epochs=2000")], cwd=ROOT,
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+    launcher = _launch_long_run(out, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
     try:
         assert _wait_until(lambda: (out / "metrics.jsonl").is_file()
                            and (out / "metrics.jsonl").stat().st_size > 0)
