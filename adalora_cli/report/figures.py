@@ -98,40 +98,61 @@ def rank_heatmaps(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]
     return paths
 
 
+def _short_params(x: float, _pos: object = None) -> str:
+    """An axis tick for a parameter count: 50K, 100K, 1.5M (the table keeps the digits)."""
+    if x >= 1e6:
+        return f"{x / 1e6:g}M"
+    return f"{x / 1e3:g}K" if x >= 1e3 else f"{x:g}"
+
+
+def _seed_words(counts: set[int]) -> str:
+    low, high = min(counts), max(counts)
+    return f"{low} seed{'s' if high > 1 else ''}" if low == high else f"{low}-{high} seeds"
+
+
 def budget_curves(tables: list[Table], out: Path) -> list[Path]:
     plt = _plt()
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     paths = []
     for table in tables:
         for task in dict.fromkeys(c.task for c in table.columns):
             cols = [c for c in table.columns if c.task == task]
-            fig, axes = plt.subplots(1, len(cols), figsize=(4.2 * len(cols), 3.4), squeeze=False)
+            fig, axes = plt.subplots(1, len(cols), figsize=(max(5.6, 4.6 * len(cols)), 3.8),
+                                     squeeze=False)
             for ax, col in zip(axes[0], cols):
                 # one line per method and distinguishing config (e.g. one per lr)
                 by_method: dict[tuple, list] = defaultdict(list)
+                seeds: dict[tuple, set[int]] = defaultdict(set)
                 for row in table.rows:
                     cell = row.cells.get(col.key)
                     if cell is not None:
                         by_method[(row.method, row.variant)].append(
                             (row.params, cell.mean, cell.std or 0.0))
+                        seeds[(row.method, row.variant)].add(cell.n)
                 for (method, variant), points in by_method.items():
                     points.sort()
                     x, y, err = zip(*points)
                     name = METHOD_NAMES.get(method, method)
+                    label = f"{name} {_variant_words(variant)}".strip()
                     line, = ax.plot(x, y, marker="o",
-                                    label=f"{name} {_variant_words(variant)}".strip())
+                                    label=f"{label} ({_seed_words(seeds[(method, variant)])})")
                     # the band is mean +- sample std over seeds (zero where one seed)
                     ax.fill_between(x, [m - e for m, e in zip(y, err)],
                                     [m + e for m, e in zip(y, err)],
                                     color=line.get_color(), alpha=0.2, linewidth=0)
                 xs = [p for pts in by_method.values() for p, _, _ in pts if p > 0]
-                if xs and max(xs) > 10 * min(xs):
+                # budget levels double, so a log axis spaces them evenly
+                if xs and max(xs) > 3 * min(xs):
                     ax.set_xscale("log")
-                ax.set_xlabel("# Params (adapter)")
+                    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+                    ax.xaxis.set_minor_formatter(NullFormatter())
+                ax.xaxis.set_major_formatter(FuncFormatter(_short_params))
+                ax.set_xlabel("# Params (adapter; AdaLoRA after pruning)")
                 ax.set_ylabel(f"{col.title} {col.label}")
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=7)
-            fig.suptitle(f"{cols[0].title}: metric against # Params "
-                         "(mean ± std over seeds)", fontsize=10)
+            fig.suptitle(f"{cols[0].title}: mean ± std over seeds", fontsize=10)
             paths.append(_save(fig, out / f"fig4_budget_{_slug(task)}.png"))
     return paths
 

@@ -172,7 +172,8 @@ def test_figures_use_the_same_grouping(tmp_path, monkeypatch):
         "fig3_rank_rte-adalora-b144-lr=0.0005.png", "fig3_rank_rte-adalora-b144-lr=0.001.png",
         "fig4_budget_rte.png", "fig5_orth_rte.png"]
     # Figure 4: one line per learning rate, not one line through both
-    assert legends["fig4_budget_rte.png"] == ["AdaLoRA lr=0.0005", "AdaLoRA lr=0.001"]
+    assert legends["fig4_budget_rte.png"] == ["AdaLoRA lr=0.0005 (1 seed)",
+                                              "AdaLoRA lr=0.001 (1 seed)"]
     assert legends["fig5_orth_rte.png"] == ["AdaLoRA b(T)=144 lr=0.0005 (1 seeds)",
                                             "AdaLoRA b(T)=144 lr=0.001 (1 seeds)"]
 
@@ -206,24 +207,32 @@ def test_min_seeds_leaves_out_the_unchosen_learning_rate(tmp_path):
 
 
 def test_budget_figure_bands_are_mean_plus_minus_std(tmp_path, monkeypatch):
-    for level, accs in ((72, [0.70, 0.74, 0.72]), (144, [0.80, 0.80, 0.83])):
+    for level, accs in ((72, [0.70, 0.74, 0.72]), (144, [0.80, 0.80, 0.83]), (576, [0.9])):
         for seed, a in enumerate(accs):
             make_run(tmp_path, f"b{level}-s{seed}", seed, a, level=level,
-                     summary_extra={"adapter_params": 10 * level})
+                     summary_extra={"adapter_params": 1000 * level})
     drawn = {}
     save = figures._save
 
     def keep_band(fig, path):
-        (band,) = fig.axes[0].collections
-        (line,) = fig.axes[0].get_lines()
+        ax = fig.axes[0]
+        (band,) = ax.collections
+        (line,) = ax.get_lines()
+        fig.canvas.draw()  # so the tick labels exist
         drawn[path.name] = (list(line.get_xdata()), list(line.get_ydata()),
-                            band.get_paths()[0].vertices)
+                            band.get_paths()[0].vertices, ax.get_xscale(),
+                            [t.get_text() for t in ax.get_xticklabels() if t.get_text()],
+                            [t.get_text() for t in ax.get_legend().get_texts()])
         return save(fig, path)
 
     monkeypatch.setattr(figures, "_save", keep_band)
     figures.write_figures(build_report([tmp_path]), tmp_path / "fig")
-    x, y, vertices = drawn["fig4_budget_rte.png"]
-    assert x == [720, 1440] and y == pytest.approx([72.0, 81.0])
+    x, y, vertices, scale, ticks, legend = drawn["fig4_budget_rte.png"]
+    assert x == [72_000, 144_000, 576_000] and y == pytest.approx([72.0, 81.0, 90.0])
+    # the levels span 8x: a log axis with short ticks; the legend counts the seeds
+    assert scale == "log" and {"100K", "200K", "500K"} <= set(ticks)
+    assert legend == ["AdaLoRA (1-3 seeds)"]
+    assert [figures._short_params(v) for v in (720, 41_470, 1.5e6)] == ["720", "41.47K", "1.5M"]
     # sample std by hand: (70, 74, 72) -> 2.0; (80, 80, 83) -> sqrt(3) = 1.7321
     ys = {round(v, 4) for v in vertices[:, 1]}
     assert {70.0, 74.0, round(81 - 3 ** 0.5, 4), round(81 + 3 ** 0.5, 4)} <= ys
