@@ -178,7 +178,7 @@ def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
             values = [[s[t] for s in runs_series] for t in steps]
             ax.plot(steps, [statistics.fmean(v) for v in values],
                     label=f"{_setting_name(method, level, size, variant)} "
-                          f"({len(runs_series)} seeds)")
+                          f"({_seed_words({len(runs_series)})})")
             ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
         ax.set_yscale("log")
         ax.set_xlabel("optimizer step")

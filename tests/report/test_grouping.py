@@ -174,8 +174,8 @@ def test_figures_use_the_same_grouping(tmp_path, monkeypatch):
     # Figure 4: one line per learning rate, not one line through both
     assert legends["fig4_budget_rte.png"] == ["AdaLoRA lr=0.0005 (1 seed)",
                                               "AdaLoRA lr=0.001 (1 seed)"]
-    assert legends["fig5_orth_rte.png"] == ["AdaLoRA b(T)=144 lr=0.0005 (1 seeds)",
-                                            "AdaLoRA b(T)=144 lr=0.001 (1 seeds)"]
+    assert legends["fig5_orth_rte.png"] == ["AdaLoRA b(T)=144 lr=0.0005 (1 seed)",
+                                            "AdaLoRA b(T)=144 lr=0.001 (1 seed)"]
 
 
 def test_min_seeds_leaves_out_the_unchosen_learning_rate(tmp_path):
