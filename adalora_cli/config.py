@@ -94,9 +94,10 @@ class ModelConfig:
     name_or_path: str = "microsoft/deberta-v3-base"
     """Hub id or local folder of a pretrained checkpoint."""
     base_dtype: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
-    """Dtype of the frozen base weights; the trained adapter and head stay fp32. bf16/fp16
-    halve the base's memory and need CUDA with mixed precision (train.precision auto, bf16 or
-    fp16); 'auto' is bf16 where that holds and the GPU supports it, else fp32."""
+    """Dtype the frozen base weights are loaded in, whatever dtype the checkpoint was stored
+    in; the trained adapter and head are always fp32. bf16/fp16 halve the base's memory and
+    need CUDA with mixed precision (train.precision auto, bf16 or fp16); 'auto' is bf16 where
+    that holds and the GPU supports it, else fp32."""
 
 
 @dataclass(frozen=True)

@@ -91,14 +91,16 @@ def _looks_local(name: str) -> bool:
     return str(parent) not in ("", ".") and parent.is_dir()
 
 
-def load_model(task: Task, cfg: RunConfig):
-    """The task's pretrained model and tokenizer; a missing model is a one-line error."""
+def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
+    """The task's pretrained model, its weights in ``dtype`` whatever dtype the checkpoint
+    was stored in (tasks/pretrained.py), and its tokenizer; a missing model is a one-line
+    error."""
     name = cfg.model.name_or_path
     if _looks_local(name) and not Path(name).expanduser().exists():
         raise ConfigError(f"model folder {name} does not exist; set model.name_or_path to a "
                           "local model folder or a hub id")
     try:
-        return task.build_model()
+        return task.build_model(dtype=dtype)
     except (OSError, HFValidationError) as err:  # missing folder, unknown or unreachable hub id
         raise ConfigError(
             f"could not load model {name!r} ({first_line(err)}); "
@@ -172,6 +174,18 @@ def cast_frozen(model: torch.nn.Module, dtype: torch.dtype) -> int:
     return cast
 
 
+def trained_in_fp32(params: list[torch.nn.Parameter]) -> int:
+    """Make every trained parameter fp32: a head created beside a half-precision base is
+    made in the base's dtype, and AdamW in fp16 loses its epsilon (1e-8 rounds to 0) and
+    most updates. Mixed precision comes from autocast only. Returns how many were cast."""
+    cast = 0
+    for p in params:
+        if p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()
+            cast += 1
+    return cast
+
+
 def enable_checkpointing(model: torch.nn.Module) -> None:
     """``train.gradient_checkpointing``: recompute activations in the backward pass. The
     non-reentrant form works with a frozen base (no input needs a gradient)."""
@@ -213,13 +227,15 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     seed_everything(cfg.train.seed)
     check_method(cfg)  # an unknown method name fails before the model is loaded
     task = get_task(resolved)
-    model, tokenizer = load_model(task, resolved)
+    dtype = base_dtype(cfg, device)  # what the run asks for, not what the checkpoint stores
+    model, tokenizer = load_model(task, resolved, dtype)
     data = task.load_data(tokenizer)
     if len(data.train) == 0:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
-    cast_frozen(model, base_dtype(cfg, device))
+    trained_in_fp32(handle.trainable)
+    cast_frozen(model, dtype)
     if cfg.train.gradient_checkpointing:
         enable_checkpointing(model)
     return Built(cfg, task, model, tokenizer, data, handle, steps, device)
@@ -231,7 +247,7 @@ def dry_run(cfg: RunConfig) -> dict[str, Any]:
     cfg = resolve_resources(cfg)
     check_method(cfg)
     with weightless_loading():
-        model, _ = load_model(get_task(cfg), cfg)
+        model, _ = load_model(get_task(cfg), cfg, torch.float32)
         handle = apply_method(model, cfg, None)
     table = parameter_table(model)
     info = {

@@ -257,7 +257,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                 pos.step += 1
                 faults.hit("midstep", pos.step)
                 log = stepper.update(pos.step)
-                row = _train_row(pos.step, loss_sum / micro, log, reg)
+                row = _train_row(pos.step, loss_sum / micro, log, reg, stepper)
                 micro, loss_sum = 0, 0.0
                 if log.ranks is not None:  # every rank must have chosen the same ranks
                     check_masks(handle.allocator.mask, pos.step, w)
@@ -299,10 +299,10 @@ def _heartbeat(run: RunDir | Silent, w: World):
 
 
 def _train_row(step: int, loss: float, log: StepLog,
-               reg: torch.Tensor | None) -> dict[str, Any]:
+               reg: torch.Tensor | None, stepper: Stepper) -> dict[str, Any]:
     if not math.isfinite(loss):
-        raise FloatingPointError(f"loss became {loss} at step {step}; lower "
-                                 "train.learning_rate")
+        raise FloatingPointError(f"loss became {loss} at step {step}; likely causes: "
+                                 + stepper.nonfinite_causes())
     row: dict[str, Any] = {"step": step, "loss": round(loss, 6), "lr": log.lr}
     if log.budget is not None:
         row["budget"] = log.budget

@@ -101,6 +101,21 @@ class Stepper:
                 reg = piece_reg
         return loss, reg
 
+    def nonfinite_causes(self) -> str:
+        """The likely causes of a NaN or infinite loss that apply to this run, most likely
+        first: a half-precision base, fp16 autocast overflowing, then the learning rate."""
+        causes = []
+        half = sorted({str(p.dtype).removeprefix("torch.") for p in self.model.parameters()
+                       if p.dtype in (torch.float16, torch.bfloat16)})
+        if half:
+            causes.append(f"the model holds {'/'.join(half)} weights (set "
+                          "model.base_dtype=fp32)")
+        if self.scaler.is_enabled():
+            causes.append("fp16 autocast overflowed (set train.precision=bf16 or fp32)")
+        learning_rate = self.scheduler.base_lrs[0]  # as configured, before warm-up and decay
+        causes.append(f"train.learning_rate={learning_rate:g} is too high (lower it)")
+        return "; ".join(causes)
+
     def update(self, t: int) -> StepLog:
         """Apply the accumulated gradients as optimizer step ``t`` (from 1)."""
         opt = self.optimizer

@@ -35,7 +35,7 @@ class SVDLinear(LinearWrapper):
         self.dropout = optional_dropout(dropout)
         w = base.weight  # (d_out, d_in); (d_in, d_out) for a Conv1D
         d_out, d_in = linear_dims(base)
-        kw = {"device": w.device, "dtype": w.dtype}
+        kw = {"device": w.device, "dtype": torch.float32}  # trained: fp32 whatever the base
         self.P = nn.Parameter(torch.empty(d_out, r0, **kw).normal_(0.0, 0.02))  # (d_out, r0)
         self.lam = nn.Parameter(torch.zeros(r0, **kw))  # (r0,); 0 so Delta W = 0 at step 0
         self.Q = nn.Parameter(torch.empty(r0, d_in, **kw).normal_(0.0, 0.02))  # (r0, d_in)

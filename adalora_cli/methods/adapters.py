@@ -27,7 +27,7 @@ class BottleneckAdapter(LinearWrapper):
         super().__init__(base)
         w = base.weight
         d_model = self.out_features  # the adapter sees the projection's output
-        kw = {"device": w.device, "dtype": w.dtype}
+        kw = {"device": w.device, "dtype": torch.float32}  # trained: fp32 whatever the base
         self.down = nn.Linear(d_model, dim, **kw)  # weight (dim, d_model)
         self.up = nn.Linear(dim, d_model, **kw)  # weight (d_model, dim)
         self.act = self.activation()

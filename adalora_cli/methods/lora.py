@@ -28,7 +28,7 @@ class LoRALinear(LinearWrapper):
         self.dropout = optional_dropout(dropout)
         w = base.weight  # (d_out, d_in); (d_in, d_out) for a Conv1D
         d_out, d_in = linear_dims(base)
-        kw = {"device": w.device, "dtype": w.dtype}
+        kw = {"device": w.device, "dtype": torch.float32}  # trained: fp32 whatever the base
         self.A = nn.Parameter(torch.empty(r, d_in, **kw))  # (r, d_in)
         self.B = nn.Parameter(torch.zeros(d_out, r, **kw))  # (d_out, r)
         # fan_in = d_in, exactly as nn.Linear(d_in, r) would initialise its weight.

@@ -28,6 +28,7 @@ from . import data as rawdata
 from . import eval_order
 from .base import TaskData
 from .causal_lm_data import LABEL_PAD, encode_row, pack, pad_left, pad_right, row_shape
+from .pretrained import from_pretrained
 
 PREDICTIONS = "predictions.jsonl"
 SPLITS = ("train", "validation")
@@ -52,7 +53,7 @@ class CausalLMTask:
 
     # ---------------------------------------------------------------- model
 
-    def build_model(self) -> tuple[nn.Module, Any]:
+    def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         path = self.cfg.model.name_or_path
@@ -62,7 +63,7 @@ class CausalLMTask:
                               "causal_lm needs a decoder-only model (use task.name=xsum with "
                               "your data for sequence-to-sequence training)")
         try:
-            model = AutoModelForCausalLM.from_pretrained(path)
+            model = from_pretrained(AutoModelForCausalLM, path, dtype)
         except ValueError as err:  # transformers: no causal-LM class for this config
             raise ConfigError(f"model {path} ({config.model_type}) has no causal language "
                               f"model head ({str(err).splitlines()[0][:120]}); use a "

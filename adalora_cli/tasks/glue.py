@@ -28,6 +28,7 @@ from ..errors import first_line
 from . import data as rawdata
 from . import eval_order, metrics
 from .base import TaskData
+from .pretrained import from_pretrained
 
 GLUE_HUB = "nyu-mll/glue"
 
@@ -90,7 +91,7 @@ class TextClassificationTask:
 
     # ---------------------------------------------------------------- model
 
-    def build_model(self) -> tuple[nn.Module, Any]:
+    def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         path = self.cfg.model.name_or_path
@@ -103,7 +104,7 @@ class TextClassificationTask:
             kwargs["label2id"] = {n: i for i, n in enumerate(self.spec.label_names)}
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+            model = from_pretrained(AutoModelForSequenceClassification, path, dtype, **kwargs)
         except OSError as err:  # missing folder, hub unreachable, no such repo
             first = first_line(err)[:200]
             raise ConfigError(f"could not load model {path} ({first}); set "

@@ -38,6 +38,7 @@ from ..errors import first_line
 from . import data as rawdata
 from . import eval_order, squad_postprocess, squad_scoring
 from .base import TaskData
+from .pretrained import from_pretrained
 from .squad_features import QAExample, QAFeatures, build_features
 
 COLUMNS = ("id", "context", "question", "answers")
@@ -150,7 +151,7 @@ class SquadTask:
         self.predictions: dict[str, dict[str, str]] = {}
         """Answers of the last evaluation of each split: {split: {id: answer}}."""
 
-    def build_model(self) -> tuple[nn.Module, Any]:
+    def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
         from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
         path = self.cfg.model.name_or_path
@@ -162,7 +163,7 @@ class SquadTask:
                     f"{self.name} needs a fast tokenizer for offset mappings, but {path} loads "
                     f"{type(tokenizer).__name__}; add a tokenizer.json to the model folder "
                     "(or install tokenizers and sentencepiece)")
-            model = AutoModelForQuestionAnswering.from_pretrained(path)
+            model = from_pretrained(AutoModelForQuestionAnswering, path, dtype)
         except OSError as err:  # missing folder, hub unreachable, no such repo
             first = first_line(err)[:200]
             raise ConfigError(f"could not load model {path} ({first}); set "

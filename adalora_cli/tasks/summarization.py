@@ -41,6 +41,7 @@ from ..config import ConfigError, RunConfig
 from . import bbc_news, eval_order
 from . import data as rawdata
 from .base import TaskData
+from .pretrained import from_pretrained
 
 # The BART warm start (transformers' BART classes) and ROUGE (rouge-score, nltk) are
 # imported where they are used, so a run that never builds a warm start or scores ROUGE
@@ -138,7 +139,7 @@ class SummarizationTask:
 
     # ---------------------------------------------------------------- model
 
-    def build_model(self) -> tuple[nn.Module, Any]:
+    def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
         from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
         path = self.cfg.model.name_or_path
@@ -146,12 +147,13 @@ class SummarizationTask:
         if config.model_type == "bert":
             from . import warm_start
 
-            return warm_start.bart_from_bert(path)
+            return warm_start.bart_from_bert(path, dtype)
         if not getattr(config, "is_encoder_decoder", False):
             raise ConfigError(f"model {path} ({config.model_type}) cannot generate summaries; "
                               "use a sequence-to-sequence checkpoint such as facebook/bart-large "
                               "(or a BERT checkpoint, which is warm-started into one)")
-        return AutoModelForSeq2SeqLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+        return (from_pretrained(AutoModelForSeq2SeqLM, path, dtype),
+                AutoTokenizer.from_pretrained(path))
 
     # ---------------------------------------------------------------- data
 

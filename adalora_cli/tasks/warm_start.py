@@ -33,6 +33,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer, BartConfig, BartForConditionalGeneration
 
 from ..config import ConfigError
+from .pretrained import from_pretrained
 
 # BART attention projection -> BERT module under ``encoder.layer.<i>.``
 _ATTENTION = {"q_proj": "attention.self.query", "k_proj": "attention.self.key",
@@ -92,14 +93,16 @@ def copy_bert_weights(model: BartForConditionalGeneration, state: dict[str, torc
                 _copy_linear(layer.final_layer_norm, state, f"{bert}.output.LayerNorm")
 
 
-def bart_from_bert(path: str) -> tuple[BartForConditionalGeneration, Any]:
-    """A seq2seq model warm-started from the BERT checkpoint at ``path``, and its tokenizer."""
+def bart_from_bert(path: str, dtype: torch.dtype = torch.float32
+                   ) -> tuple[BartForConditionalGeneration, Any]:
+    """A seq2seq model warm-started from the BERT checkpoint at ``path``, and its tokenizer;
+    built in ``dtype`` (fp32 unless the run asks for a half-precision base)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
-    bert = AutoModel.from_pretrained(path)  # the bare encoder; heads, if any, are dropped
+    bert = from_pretrained(AutoModel, path, dtype)  # the bare encoder; heads are dropped
     if bert.config.model_type != "bert":
         raise ConfigError(f"{path} is a {bert.config.model_type} model; warm-starting supports "
                           "BERT checkpoints only")
-    model = BartForConditionalGeneration(bart_config_from_bert(bert.config, tokenizer))
+    model = BartForConditionalGeneration(bart_config_from_bert(bert.config, tokenizer)).to(dtype)
     copy_bert_weights(model, bert.state_dict())
     # BERT's output layer has a per-word bias that an encoder-only checkpoint lacks; BART's
     # ``final_logits_bias`` (a fixed zero buffer there) takes its place as a trainable

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from adalora_cli.methods.adalora import SVDLinear, orthogonal_regularizer
+from adalora_cli.methods.adapters import HoulsbyAdapter
 from adalora_cli.methods.lora import LoRALinear
 
 
@@ -57,8 +58,11 @@ def test_svd_linear_init_and_placement() -> None:
     assert torch.count_nonzero(layer.lam) == 0
     for factor in (layer.P, layer.Q):
         assert abs(factor.std().item() - 0.02) < 0.002 and abs(factor.mean().item()) < 0.002
-    half = SVDLinear(nn.Linear(4, 3).to(torch.bfloat16), r0=2, alpha=1.0)
-    assert {p.dtype for p in half.adapter_parameters()} == {torch.bfloat16}
+    # trained parameters are fp32 beside a half-precision base (AdamW's eps is 0 in fp16)
+    for half in (SVDLinear(nn.Linear(4, 3).to(torch.bfloat16), r0=2, alpha=1.0),
+                 LoRALinear(nn.Linear(4, 3).to(torch.float16), r=2, alpha=1.0),
+                 HoulsbyAdapter(nn.Linear(4, 3).to(torch.float16), dim=2)):
+        assert {p.dtype for p in half.adapter_parameters()} == {torch.float32}
 
 
 def test_lora_linear_matches_explicit_matrices_and_init() -> None:
