@@ -23,6 +23,7 @@ dependency). The mapping onto PEFT's names and conventions:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from ..engine.outputs import head_modules
 from ..methods.adalora import SVDLinear
 from ..methods.base import adapter_modules
 from ..methods.lora import LoRALinear
-from ..methods.registry import METHODS, method_spec
+from ..methods.registry import METHODS
 from ..rundir.layout import ALLOCATOR_STATE
 
 CONFIG_FILE = "adapter_config.json"
@@ -166,23 +167,53 @@ def check_base_rebuilds(cfg: RunConfig, model: nn.Module) -> None:
                           "use --format merged")
 
 
+Layers = list[tuple[str, nn.Module]]
+Tensors = dict[str, torch.Tensor]
+Writer = Callable[[Path, RunConfig, dict[str, Any], Layers], tuple[Tensors, dict[str, Any]]]
+"""``(run_dir, cfg, summary, layers) -> (PEFT tensors of the adapter, adapter_config.json
+entries)``: how one kind of adapted layer goes over to PEFT."""
+
+
+def _adalora_writer(run_dir: Path, cfg: RunConfig, summary: dict[str, Any],
+                    layers: Layers) -> tuple[Tensors, dict[str, Any]]:
+    tensors, pattern = adalora_tensors(layers, kept_triplets(run_dir, layers))
+    return tensors, adalora_config(cfg, summary, len(layers), pattern)
+
+
+def _lora_writer(run_dir: Path, cfg: RunConfig, summary: dict[str, Any],
+                 layers: Layers) -> tuple[Tensors, dict[str, Any]]:
+    lo = cfg.lora
+    return lora_tensors(layers), {"peft_type": "LORA", "r": lo.r, "lora_alpha": lo.alpha,
+                                  "lora_dropout": lo.dropout}
+
+
+WRITERS: dict[type[nn.Module], Writer] = {SVDLinear: _adalora_writer, LoRALinear: _lora_writer}
+"""Adapted-layer type -> its PEFT writer. A run whose layers have no entry is refused, never
+written as something else."""
+
+
+def pick_writer(layers: Layers) -> Writer:
+    """The writer of the run's one layer type; a one-line ConfigError otherwise."""
+    kinds = {type(m) for _, m in layers}
+    if len(kinds) != 1 or next(iter(kinds)) not in WRITERS:
+        names = ", ".join(sorted(k.__name__ for k in kinds)) or "no adapted layer"
+        raise ConfigError(f"the run's adapted layers ({names}) have no PEFT format; use "
+                          "--format merged")
+    return WRITERS[next(iter(kinds))]
+
+
 def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
                summary: dict[str, Any], out: Path) -> dict[str, Any]:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out``."""
     check_base_rebuilds(cfg, model)
-    layers = [(p, m) for p, m in adapter_modules(model) if isinstance(m, SVDLinear | LoRALinear)]
+    layers = adapter_modules(model)
+    writer = pick_writer(layers)
     heads = head_modules(model)
     targets = [path for path, _ in layers]
     config = base_config(cfg, model, summary, heads, targets, fan_in_fan_out(layers))
     r0_params = sum(p.numel() for _, m in layers for p in m.adapter_parameters())
-    if method_spec(cfg.method.name).peft_type == "ADALORA":
-        tensors, pattern = adalora_tensors(layers, kept_triplets(run_dir, layers))
-        config.update(adalora_config(cfg, summary, len(layers), pattern))
-    else:
-        lo = cfg.lora
-        tensors = lora_tensors(layers)
-        config.update({"peft_type": "LORA", "r": lo.r, "lora_alpha": lo.alpha,
-                       "lora_dropout": lo.dropout})
+    tensors, entries = writer(run_dir, cfg, summary, layers)
+    config.update(entries)
     adapter_params = sum(t.numel() for t in tensors.values())
     tensors.update(head_tensors(model, heads))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_FILE),
