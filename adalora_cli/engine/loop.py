@@ -306,8 +306,8 @@ def _train_row(step: int, loss: float, log: StepLog,
     row: dict[str, Any] = {"step": step, "loss": round(loss, 6), "lr": log.lr}
     if log.budget is not None:
         row["budget"] = log.budget
-    if reg is not None:
-        row["orth_reg"] = round(float(reg.detach()), 6)
+    if reg is not None:  # orth_reg for the SVD and LoRA forms, gate_l1 for SoRA
+        row[stepper.handle.reg_name] = round(float(reg.detach()), 6)
     return row
 
 

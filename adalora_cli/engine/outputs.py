@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 
 def trained_state(model: nn.Module, handle: MethodHandle) -> dict[str, torch.Tensor]:
-    """Trainable tensors by their parameter name in ``model`` (no duplicates)."""
-    wanted = {id(p) for p in handle.trainable}
+    """Trainable tensors, and the frozen ones the method keeps (PiSSA's principal factors,
+    IncreLoRA's ranks), by their parameter name in ``model`` (no duplicates)."""
+    wanted = {id(p) for p in [*handle.trainable, *handle.kept]}
     state, seen = {}, set()
     for name, p in model.named_parameters():
         if id(p) in wanted and id(p) not in seen:

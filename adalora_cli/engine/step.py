@@ -61,7 +61,9 @@ class Stepper:
         """AdamW, the linear warm-up/decay over ``steps`` and a GradScaler (enabled for
         fp16 only: bf16 and fp32 need no loss scaling), as ``train`` configures them."""
         autocast, amp_dtype = autocast_factory(train.precision, device)
-        optimizer = torch.optim.AdamW(handle.trainable, lr=train.learning_rate,
+        # one group, or the method's (LoRA+'s faster B, SoRA's gates without weight decay)
+        groups = handle.optimizer_groups(train.learning_rate, train.weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=train.learning_rate,
                                       weight_decay=train.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, linear_schedule(train.warmup_steps, steps))

@@ -2,22 +2,24 @@
 
 The loop never branches on the method name. A method returns a :class:`MethodHandle`
 holding the parameters to optimize and two optional hooks: a regularizer added to the
-loss, and an after-step callback (AdaLoRA's rank allocator uses it to score and mask).
-Adapter modules are found by type through the :class:`AdapterModule` protocol, never by
-matching parameter-name strings.
+loss, and an after-step callback (AdaLoRA's rank allocator uses it to score and mask; SoRA's
+proximal step and IncreLoRA's growth use it too). A method that trains some parameters at
+another learning rate (LoRA+) or without weight decay (SoRA's gates) says so with
+:class:`ParamGroup` objects, which the optimizer is built from. Adapter modules are found by type
+through the :class:`AdapterModule` protocol, never by matching parameter-name strings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from .allocator import RankAllocator, StepReport
+from .allocator import StepReport
 
 
 @runtime_checkable
@@ -113,6 +115,38 @@ def count(params: list[nn.Parameter]) -> int:
     return sum(p.numel() for p in params)
 
 
+class RankController(Protocol):
+    """What decides a method's ranks while it trains (AdaLoRA's and prune-LoRA's
+    allocator, SoRA's gates, IncreLoRA's growth): the run checkpoints its state, writes its
+    final pattern to the run directory and counts the kept parameters as "# Params"."""
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """Flat 0/1 tensor of the ranks kept now; compared across processes."""
+        ...
+
+    def step(self, t: int) -> StepReport | None: ...
+
+    def rank_pattern(self) -> dict[str, int]: ...
+
+    def final_adapter_params(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """Parameters the optimizer treats alike: their learning rate is ``lr_scale`` times
+    ``train.learning_rate`` (every schedule multiplies it the same way), with or without
+    ``train.weight_decay``."""
+
+    params: list[nn.Parameter]
+    lr_scale: float = 1.0
+    weight_decay: bool = True
+
+
 @dataclass
 class MethodHandle:
     """The method's side of the training loop."""
@@ -127,16 +161,30 @@ class MethodHandle:
     reg_weight: float = 0.0
     """gamma: the loop adds reg_weight * regularizer() to the loss."""
     regularizer: Callable[[], torch.Tensor] | None = None
-    """Unweighted regularizer R (logged as orth_reg)."""
+    """Unweighted regularizer R (logged under ``reg_name``)."""
+    reg_name: str = "orth_reg"
+    """The name the regularizer is logged under in metrics.jsonl (SoRA's is ``gate_l1``)."""
     after_step: Callable[[int], StepReport | None] | None = None
     """Called with the optimizer step t (from 1) after optimizer.step() and before
     zero_grad(); returns values to log, e.g. {"budget": b_t} and, at mask events,
     {"ranks": {module path: rank}}."""
-    allocator: RankAllocator | None = None
-    """AdaLoRA's (or prune-LoRA's) rank allocator; its state is checkpointed and its final
-    pattern written to the run directory. None for every other method and in a dry run."""
+    allocator: RankController | None = None
+    """What decides the ranks while training (AdaLoRA's or prune-LoRA's allocator, SoRA's
+    gates, IncreLoRA's growth); its state is checkpointed and its final pattern written to
+    the run directory. None for the fixed-rank methods and in a dry run."""
     layers: list[tuple[str, nn.Module]] = field(default_factory=list)
     """The injected adapter modules by module path (empty for BitFit and full)."""
+    groups: list[ParamGroup] | None = None
+    """How the optimizer splits ``trainable`` (LoRA+'s faster B, SoRA's gates without
+    weight decay); the first group trains at ``train.learning_rate``, the rate the run logs.
+    None: one group of every trainable parameter."""
+    kept: list[nn.Parameter] = field(default_factory=list)
+    """Frozen tensors the method derived when it was built and its forward depends on,
+    which a rebuild could not recompute exactly (PiSSA's principal factors, IncreLoRA's
+    ranks); saved and restored with the trainable ones."""
+    adapter_count: Callable[[], int] | None = None
+    """The adapter parameters to count, when not every entry of ``adapter`` is a parameter
+    of the method yet (IncreLoRA allocates room for the ranks it will grow)."""
 
     @property
     def trainable(self) -> list[nn.Parameter]:
@@ -150,7 +198,23 @@ class MethodHandle:
 
     @property
     def adapter_params(self) -> int:
-        return count(self.adapter)
+        return self.adapter_count() if self.adapter_count is not None else count(self.adapter)
+
+    def optimizer_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+        """``torch.optim`` parameter groups: :attr:`groups`, or all of ``trainable`` at
+        ``lr``. Every trainable parameter is in exactly one group."""
+        if self.groups is None:
+            return [{"params": self.trainable, "lr": lr, "weight_decay": weight_decay}]
+        grouped = [id(p) for g in self.groups for p in g.params]
+        if sorted(grouped) != sorted(id(p) for p in self.trainable):
+            raise ValueError(f"{self.name}: the parameter groups must hold every trainable "
+                             "parameter exactly once")
+        if not (self.groups[0].params and self.groups[0].lr_scale == 1.0):
+            raise ValueError(f"{self.name}: the first parameter group must train at the "
+                             "configured learning rate (the one the run logs)")
+        return [{"params": list(g.params), "lr": lr * g.lr_scale,
+                 "weight_decay": weight_decay if g.weight_decay else 0.0}
+                for g in self.groups if g.params]
 
     @property
     def head_params(self) -> int:
