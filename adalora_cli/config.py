@@ -104,7 +104,8 @@ class ModelConfig:
 class MethodConfig:
     name: str = "adalora"
     """Fine-tuning method: a name in ``adalora_cli.methods.registry.METHODS`` (adalora, lora,
-    houlsby, pfeiffer, bitfit, full). Checked there, since config sits below the methods
+    houlsby, pfeiffer, bitfit, full, and today's baselines rslora, dora, pissa, loraplus,
+    sora, increlora). Checked there, since config sits below the methods
     (like task.name, which the task registry checks)."""
     target_modules: list[str] | None = None
     """Linear modules to adapt, matched as a suffix of the module path; None = the
@@ -154,6 +155,171 @@ class LoRAConfig:
     prune: bool = False
     """True prunes LoRA doublets with AdaLoRA's scores and schedule (prune-LoRA, Table 5);
     the budget, schedule and score come from the adalora section."""
+
+
+def _check_low_rank(section: str, rank_key: str, rank: int, alpha: float | None,
+                    dropout: float) -> None:
+    """What every low-rank section asks of its rank, alpha and dropout (on construction)."""
+    _check(rank >= 1, f"{section}.{rank_key} must be >= 1, got {rank}")
+    _check(alpha is None or alpha > 0, f"{section}.alpha must be > 0, got {alpha}")
+    _check(0.0 <= dropout < 1.0, f"{section}.dropout must lie in [0, 1), got {dropout}")
+
+
+@dataclass(frozen=True)
+class RsLoRAConfig:
+    """rsLoRA (Kalajdzievski, 2023): LoRA with Delta W scaled by alpha / sqrt(r)
+    (docs/maths.md#rslora)."""
+
+    r: int = 8
+    """Rank of B A."""
+    alpha: float = 16.0
+    """Scaling numerator: Delta W = (alpha / sqrt(r)) B A (LoRA's alpha, as the paper
+    compares them)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+
+    def __post_init__(self) -> None:
+        _check_low_rank("rslora", "r", self.r, self.alpha, self.dropout)
+
+
+@dataclass(frozen=True)
+class DoRAConfig:
+    """DoRA (Liu et al., 2024): a trained magnitude per output feature times the direction
+    of W0 + s B A (docs/maths.md#dora)."""
+
+    r: int = 8
+    """Rank of B A."""
+    alpha: float = 16.0
+    """Scaling numerator: s = alpha / r (alpha / sqrt(r) with rslora)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input (the magnitude path sees the same dropped input)."""
+    rslora: bool = False
+    """Scale B A by alpha / sqrt(r) (rsLoRA) instead of alpha / r: the one composition
+    allowed, as PEFT's use_dora with use_rslora."""
+
+    def __post_init__(self) -> None:
+        _check_low_rank("dora", "r", self.r, self.alpha, self.dropout)
+
+
+@dataclass(frozen=True)
+class PiSSAConfig:
+    """PiSSA (Meng et al., 2024): A and B start as W0's principal singular triplets and the
+    frozen base keeps the residual (docs/maths.md#pissa)."""
+
+    r: int = 8
+    """Rank of B A: the number of principal singular triplets moved into the adapter."""
+    alpha: float | None = None
+    """Scaling numerator, s = alpha / r; None means alpha = r (s = 1), the paper's setting."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+
+    def __post_init__(self) -> None:
+        _check_low_rank("pissa", "r", self.r, self.alpha, self.dropout)
+
+
+@dataclass(frozen=True)
+class LoRAPlusConfig:
+    """LoRA+ (Hayou et al., 2024): LoRA whose B learns lr_ratio times faster than A
+    (docs/maths.md#loraplus)."""
+
+    r: int = 8
+    """Rank of B A."""
+    alpha: float = 16.0
+    """Scaling numerator: Delta W = (alpha / r) B A."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    lr_ratio: float = 16.0
+    """lambda = lr(B) / lr(A); A and the head's matrices train at train.learning_rate. The
+    paper's default is 2^4."""
+
+    def __post_init__(self) -> None:
+        _check_low_rank("loraplus", "r", self.r, self.alpha, self.dropout)
+        _check(self.lr_ratio >= 1, f"loraplus.lr_ratio must be >= 1 (B learns at least as "
+                                   f"fast as A), got {self.lr_ratio}")
+
+
+@dataclass(frozen=True)
+class SoRAConfig:
+    """SoRA (Ding et al., 2023): LoRA at rank r_max with a gate on every rank, sparsified by
+    a proximal step after each optimizer step (docs/maths.md#sora)."""
+
+    r_max: int = 8
+    """Rank of B A before the gates zero any of it (the authors' GLUE scripts: 8)."""
+    alpha: float = 16.0
+    """Scaling numerator: Delta W = (alpha / r_max) B diag(g) A."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    xi: float = 3e-4
+    """The proximal step's threshold (the authors' sparse_lambda_2; their GLUE script: 3e-4)."""
+    l1: float = 10.0
+    """Weight of the L1 term mean(|g|) added to the loss (the authors' sparse_lambda; their
+    GLUE script: 10)."""
+    xi_max: float | None = None
+    """Sparsifying schedule: raise xi linearly to this value in xi_steps equal stages of
+    training; None keeps xi fixed."""
+    xi_steps: int = 7
+    """Number of stages of the sparsifying schedule (the authors' lambda_num: 7)."""
+
+    def __post_init__(self) -> None:
+        _check_low_rank("sora", "r_max", self.r_max, self.alpha, self.dropout)
+        _check(self.xi >= 0 and self.l1 >= 0,
+               f"sora.xi and sora.l1 must be >= 0, got {self.xi} and {self.l1}")
+        _check(self.xi_max is None or self.xi_max >= self.xi,
+               f"sora.xi_max must be >= sora.xi ({self.xi}) when set, got {self.xi_max}")
+        _check(self.xi_steps >= 1, f"sora.xi_steps must be >= 1, got {self.xi_steps}")
+
+
+@dataclass(frozen=True)
+class IncreLoRAConfig:
+    """IncreLoRA (Zhang et al., 2023): AdaLoRA's SVD form grown from a small rank to the
+    budget b(T), a few matrices at a time (docs/maths.md#increlora)."""
+
+    budget: int = 144
+    """b(T): total rank (number of singular values) over all matrices once growth ends."""
+    init_rank: int = 1
+    """Rank every matrix starts with (the authors' lora_r: 1)."""
+    add_rank: int | None = None
+    """Ranks a chosen matrix gains at a growth event; None: b(T) / (2 n) rounded half up, at
+    least 1 (the authors' table: mean final rank 2 -> 1, 4 -> 2, 8 -> 4)."""
+    top_h: int | None = None
+    """Matrices chosen at each growth event; None: the fewest that reach b(T) by the last
+    event at or before T - t_final."""
+    alpha: float = 32.0
+    """Scaling numerator: Delta W = (alpha / rank) P diag(lam) Q with the matrix's current
+    rank, as the authors' code scales it."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    gamma: float = 0.1
+    """Weight of the orthogonal regularizer (Eq. 4, code form) on every existing triplet."""
+    t_init: int | None = None
+    """Steps before the first growth event; None: adalora.t_init."""
+    delta_t: int | None = None
+    """Steps between growth events; None: adalora.delta_t."""
+    t_final: int | None = None
+    """Last steps with no growth event; None: adalora.t_final."""
+    beta1: float = 0.85
+    """EMA coefficient of a matrix's sensitivity."""
+    beta2: float = 0.85
+    """EMA coefficient of its uncertainty."""
+    reserve: bool = True
+    """Advance learning: every matrix holds add_rank reserve triplets (lam fixed at 1e-5,
+    P and Q trained) that become its next ranks; false adds fresh triplets instead."""
+
+    def __post_init__(self) -> None:
+        _check_low_rank("increlora", "init_rank", self.init_rank, self.alpha, self.dropout)
+        _check(self.budget >= 1, f"increlora.budget must be >= 1, got {self.budget}")
+        for key in ("add_rank", "top_h", "delta_t"):
+            value = getattr(self, key)
+            _check(value is None or value >= 1,
+                   f"increlora.{key} must be >= 1 when set, got {value}")
+        for key in ("t_init", "t_final"):
+            value = getattr(self, key)
+            _check(value is None or value >= 0,
+                   f"increlora.{key} must be >= 0 when set, got {value}")
+        _check(self.gamma >= 0, f"increlora.gamma must be >= 0, got {self.gamma}")
+        for key in ("beta1", "beta2"):
+            beta = getattr(self, key)
+            _check(0.0 < beta < 1.0, f"increlora.{key} must lie in (0, 1), got {beta}")
 
 
 @dataclass(frozen=True)
@@ -257,6 +423,12 @@ class RunConfig:
     adalora: AdaLoRAConfig = field(default_factory=AdaLoRAConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    rslora: RsLoRAConfig = field(default_factory=RsLoRAConfig)
+    dora: DoRAConfig = field(default_factory=DoRAConfig)
+    pissa: PiSSAConfig = field(default_factory=PiSSAConfig)
+    loraplus: LoRAPlusConfig = field(default_factory=LoRAPlusConfig)
+    sora: SoRAConfig = field(default_factory=SoRAConfig)
+    increlora: IncreLoRAConfig = field(default_factory=IncreLoRAConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sweep: SweepMeta = field(default_factory=SweepMeta)
     log: LogConfig = field(default_factory=LogConfig)  # trackers mirror the run directory

@@ -4,7 +4,9 @@ Written with safetensors and json only; PEFT is never imported here (it is a tes
 dependency). The mapping onto PEFT's names and conventions:
 
 - LoRA: our ``A (r, d_in)`` / ``B (d_out, r)`` are PEFT's ``lora_A.weight`` / ``lora_B.weight``;
-  both scale by ``alpha / r``, so the tensors go over unchanged.
+  both scale by ``alpha / r``, so the tensors go over unchanged. rsLoRA sets ``use_rslora``,
+  DoRA ``use_dora`` with its magnitudes, LoRA+ is plain LoRA once trained, and PiSSA is
+  written on the original W0 as a rank-2r LoRA (see the writers below).
 - AdaLoRA: our ``Q (r0, d_in)``, ``lam (r0,)``, ``P (d_out, r0)`` are PEFT's ``lora_A``,
   ``lora_E (r, 1)`` and ``lora_B``. PEFT scales by ``lora_alpha / (ranknum + 1e-5)`` with
   ``ranknum = init_r`` (kept when the rank pattern shrinks a layer), where we use
@@ -35,7 +37,9 @@ from ..config import ConfigError, RunConfig
 from ..engine.outputs import head_modules
 from ..methods.adalora import SVDLinear
 from ..methods.base import adapter_modules
+from ..methods.dora import DoRALinear
 from ..methods.lora import LoRALinear
+from ..methods.pissa import PiSSALinear
 from ..methods.registry import METHODS
 from ..rundir.layout import ALLOCATOR_STATE
 
@@ -180,16 +184,50 @@ def _adalora_writer(run_dir: Path, cfg: RunConfig, summary: dict[str, Any],
     return tensors, adalora_config(cfg, summary, len(layers), pattern)
 
 
+def _lora_entries(layers: Layers, rank_factor: int = 1) -> dict[str, Any]:
+    """LoRA's ``adapter_config.json`` entries from the layers themselves (LoRA, rsLoRA,
+    LoRA+, DoRA and PiSSA share them; one run's layers share r and alpha). A rank
+    ``rank_factor`` times the layer's keeps its scaling with ``lora_alpha`` scaled alike."""
+    first = layers[0][1]
+    return {"peft_type": "LORA", "r": first.r * rank_factor,
+            "lora_alpha": first.alpha * rank_factor, "lora_dropout": first.dropout_p,
+            "use_rslora": first.rslora}
+
+
 def _lora_writer(run_dir: Path, cfg: RunConfig, summary: dict[str, Any],
                  layers: Layers) -> tuple[Tensors, dict[str, Any]]:
-    lo = cfg.lora
-    return lora_tensors(layers), {"peft_type": "LORA", "r": lo.r, "lora_alpha": lo.alpha,
-                                  "lora_dropout": lo.dropout}
+    """LoRA, rsLoRA (``use_rslora``: PEFT scales by alpha / sqrt(r) as we do) and LoRA+
+    (whose learning rates leave no trace in the weights)."""
+    return lora_tensors(layers), _lora_entries(layers)
 
 
-WRITERS: dict[type[nn.Module], Writer] = {SVDLinear: _adalora_writer, LoRALinear: _lora_writer}
-"""Adapted-layer type -> its PEFT writer. A run whose layers have no entry is refused, never
-written as something else."""
+def _dora_writer(run_dir: Path, cfg: RunConfig, summary: dict[str, Any],
+                 layers: Layers) -> tuple[Tensors, dict[str, Any]]:
+    """DoRA: PEFT's ``lora_magnitude_vector`` is our ``m`` (one entry per output feature);
+    PEFT's forward detaches ``||W0 + s B A||`` as ours does."""
+    tensors = lora_tensors(layers)
+    for path, layer in layers:
+        tensors[f"{PREFIX}{path}.lora_magnitude_vector"] = layer.m.detach()  # (d_out,)
+    return tensors, {**_lora_entries(layers), "use_dora": True}
+
+
+def _pissa_writer(run_dir: Path, cfg: RunConfig, summary: dict[str, Any],
+                  layers: Layers) -> tuple[Tensors, dict[str, Any]]:
+    """PiSSA on the original W0 (docs/maths.md#pissa): the update ``s (B A - B0 A0)`` is the
+    rank-2r LoRA ``[B, -B0] [A; A0]``; ``lora_alpha`` doubles with ``r`` to keep ``s``."""
+    tensors = {}
+    for path, layer in layers:
+        tensors[f"{PREFIX}{path}.lora_A.weight"] = torch.cat(
+            [layer.A.detach(), layer.A0.detach()], dim=0)  # (2r, d_in)
+        tensors[f"{PREFIX}{path}.lora_B.weight"] = torch.cat(
+            [layer.B.detach(), -layer.B0.detach()], dim=1)  # (d_out, 2r)
+    return tensors, _lora_entries(layers, rank_factor=2)
+
+
+WRITERS: dict[type[nn.Module], Writer] = {SVDLinear: _adalora_writer, LoRALinear: _lora_writer,
+                                          DoRALinear: _dora_writer, PiSSALinear: _pissa_writer}
+"""Adapted-layer type -> its PEFT writer (the exact type: a DoRA layer is not written as
+LoRA). A run whose layers have no entry is refused, never written as something else."""
 
 
 def pick_writer(layers: Layers) -> Writer:

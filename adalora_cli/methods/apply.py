@@ -16,11 +16,16 @@ from ..config import ConfigError, RunConfig
 from .adalora import SVDLinear, orthogonal_regularizer
 from .adapters import HoulsbyAdapter, PfeifferAdapter
 from .allocator import RankAllocator, check_schedule
-from .base import MethodHandle, adapter_modules, count, head_parameters, linear_dims
+from .base import MethodHandle, ParamGroup, adapter_modules, count, head_parameters, linear_dims
 from .bitfit import bias_parameters
+from .dora import DoRALinear
+from .growth import plan_growth
+from .increlora import IncreLoRALinear, RankGrower, born_orthogonality
 from .inject import adapter_sites, replace_linears, resolve_targets
 from .lora import LoRALinear
+from .pissa import PiSSALinear
 from .registry import method_spec
+from .sora import GateSparsifier, SoRALinear, gate_l1
 
 Layers = list[tuple[str, nn.Module]]
 
@@ -78,6 +83,107 @@ def build_lora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> Met
                      wrap=lambda lin: LoRALinear(lin, lo.r, lo.alpha, lo.dropout))
 
 
+def _inject(model: nn.Module, cfg: RunConfig, rank: int, rank_key: str,
+            wrap: Callable[[nn.Module], nn.Module]) -> Layers:
+    """Wrap the target linears of a fixed-rank method, refusing a rank that cannot fit."""
+    paths = resolve_targets(model, cfg.method.target_modules)
+    _check_rank(model, paths, rank, rank_key)
+    return replace_linears(model, paths, wrap)
+
+
+def _fixed_rank(model: nn.Module, cfg: RunConfig, layers: Layers, **extra) -> MethodHandle:
+    return MethodHandle(name=cfg.method.name, adapter=_adapter_params(layers),
+                        head=head_parameters(model), n_matrices=len(layers), layers=layers,
+                        **extra)
+
+
+def build_rslora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    rs = cfg.rslora  # docs/maths.md#rslora: LoRA scaled by alpha / sqrt(r)
+    layers = _inject(model, cfg, rs.r, "rslora.r",
+                     lambda lin: LoRALinear(lin, rs.r, rs.alpha, rs.dropout, rslora=True))
+    return _fixed_rank(model, cfg, layers)
+
+
+def build_dora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    do = cfg.dora  # docs/maths.md#dora: A, B and the magnitude m train
+    layers = _inject(model, cfg, do.r, "dora.r",
+                     lambda lin: DoRALinear(lin, do.r, do.alpha, do.dropout, do.rslora))
+    return _fixed_rank(model, cfg, layers)
+
+
+def build_pissa(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    pi = cfg.pissa  # docs/maths.md#pissa: alpha = r unless set (s = 1)
+    alpha = float(pi.r) if pi.alpha is None else pi.alpha
+    layers = _inject(model, cfg, pi.r, "pissa.r",
+                     lambda lin: PiSSALinear(lin, pi.r, alpha, pi.dropout))
+    kept = [p for _, layer in layers for p in (layer.A0, layer.B0)]
+    return _fixed_rank(model, cfg, layers, kept=kept)
+
+
+def loraplus_groups(layers: Layers, head: list[nn.Parameter], ratio: float
+                    ) -> list[ParamGroup]:
+    """LoRA+'s optimizer groups (docs/maths.md#loraplus): every ``A`` and the head's
+    matrices at the learning rate; every ``B`` at ``ratio`` times it; the head's vectors
+    (biases, LayerNorm) at ``ratio`` times it without weight decay, as PEFT's
+    ``create_loraplus_optimizer`` and the authors' reference code place them."""
+    a_params = [layer.A for _, layer in layers]
+    b_params = [layer.B for _, layer in layers]
+    return [ParamGroup(a_params + [p for p in head if p.ndim > 1]),
+            ParamGroup(b_params, lr_scale=ratio),
+            ParamGroup([p for p in head if p.ndim <= 1], lr_scale=ratio, weight_decay=False)]
+
+
+def build_loraplus(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    lp = cfg.loraplus
+    layers = _inject(model, cfg, lp.r, "loraplus.r",
+                     lambda lin: LoRALinear(lin, lp.r, lp.alpha, lp.dropout))
+    head = head_parameters(model)
+    return _fixed_rank(model, cfg, layers, groups=loraplus_groups(layers, head, lp.lr_ratio))
+
+
+def build_sora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    so = cfg.sora  # docs/maths.md#sora
+    layers = _inject(model, cfg, so.r_max, "sora.r_max",
+                     lambda lin: SoRALinear(lin, so.r_max, so.alpha, so.dropout))
+    modules = [layer for _, layer in layers]
+    gates = [layer.gate for layer in modules]
+    gate_ids = {id(g) for g in gates}
+    head = head_parameters(model)
+    rest = [p for p in [*_adapter_params(layers), *head] if id(p) not in gate_ids]
+    # the gates have their own optimizer without weight decay in the authors' code
+    groups = [ParamGroup(rest), ParamGroup(gates, weight_decay=False)]
+    sparsifier = GateSparsifier(layers, so, total_steps) if total_steps is not None else None
+    return _fixed_rank(model, cfg, layers, groups=groups, reg_weight=so.l1,
+                       regularizer=(lambda: gate_l1(modules)) if so.l1 > 0 else None,
+                       reg_name="gate_l1", allocator=sparsifier,
+                       after_step=sparsifier.step if sparsifier else None)
+
+
+def build_increlora(model: nn.Module, cfg: RunConfig, total_steps: int | None
+                    ) -> MethodHandle:
+    ic = cfg.increlora  # docs/maths.md#increlora
+    paths = resolve_targets(model, cfg.method.target_modules)
+    plan = plan_growth(cfg, len(paths), total_steps)  # an impossible plan fails here
+    smallest = min(min(linear_dims(model.get_submodule(p))) for p in paths)
+    if plan.capacity > smallest:
+        raise ConfigError(
+            f"IncreLoRA would need room for {plan.capacity} ranks in one matrix (it may be "
+            f"chosen at each of {plan.rounds} growth events), more than the smallest adapted "
+            f"dimension ({smallest}); raise increlora.top_h or increlora.add_rank")
+    reserve = plan.add_rank if plan.reserve else 0
+    layers = replace_linears(model, paths, lambda lin: IncreLoRALinear(
+        lin, plan.capacity, ic.init_rank, reserve, ic.alpha, ic.dropout))
+    modules = [layer for _, layer in layers]
+    grower = (RankGrower(layers, plan, ic.beta1, ic.beta2, cfg.train.seed)
+              if total_steps is not None else None)
+    return _fixed_rank(
+        model, cfg, layers, reg_weight=ic.gamma,
+        regularizer=(lambda: born_orthogonality(modules)) if ic.gamma > 0 else None,
+        allocator=grower, after_step=grower.step if grower else None,
+        kept=[p for layer in modules for p in (layer.born, layer.active)],
+        adapter_count=lambda: sum(layer.counted_parameters() for layer in modules))
+
+
 def _bottleneck(model: nn.Module, cfg: RunConfig, kind: type[nn.Module], *,
                 attention: bool) -> MethodHandle:
     ad = cfg.adapter
@@ -131,10 +237,11 @@ def parameter_table(model: nn.Module) -> list[dict]:
     """One row per adapter module: path, class, adapter parameters, trainable parameters."""
     rows = []
     for path, module in adapter_modules(model):
+        counted = getattr(module, "counted_parameters", None)  # IncreLoRA: born triplets
         rows.append({
             "module": path,
             "kind": type(module).__name__,
-            "adapter_params": count(list(module.adapter_parameters())),
+            "adapter_params": counted() if counted else count(list(module.adapter_parameters())),
             "trainable": sum(p.numel() for p in module.parameters() if p.requires_grad),
         })
     return rows

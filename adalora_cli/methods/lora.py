@@ -1,5 +1,9 @@
 """LoRA (Hu et al., 2022): ``h = W0 x + b + (alpha / r) B A dropout(x)`` (Eq. 2).
 
+rsLoRA (Kalajdzievski, 2023) is the same layer scaled by ``alpha / sqrt(r)``
+(docs/maths.md#rslora); LoRA+ is this layer with a faster learning rate for ``B``
+(docs/maths.md#loraplus, set where the optimizer's groups are made, not here).
+
 ``A`` starts Kaiming-uniform (the same rule ``nn.Linear`` uses for its weight) and ``B`` at
 zero, so ``Delta W = 0`` at step 0. Doublet ``i`` is ``(B[:, i], A[i, :])``; prune-LoRA (Table
 5) zeroes whole doublets with the rank allocator, and LoRA_regu (Table 6) applies the
@@ -21,10 +25,13 @@ from .base import LinearWrapper, linear_dims, optional_dropout
 class LoRALinear(LinearWrapper):
     """A frozen ``nn.Linear`` plus the low-rank update ``(alpha / r) B A``."""
 
-    def __init__(self, base: nn.Module, r: int, alpha: float, dropout: float = 0.0):
+    def __init__(self, base: nn.Module, r: int, alpha: float, dropout: float = 0.0,
+                 rslora: bool = False):
         super().__init__(base)
-        self.r = r
-        self.scaling = alpha / r
+        self.r, self.alpha, self.rslora, self.dropout_p = r, alpha, rslora, dropout
+        # rsLoRA: alpha / sqrt(r) keeps the update's scale stable as r grows
+        # (docs/maths.md#rslora); LoRA: alpha / r (Eq. 2).
+        self.scaling = alpha / math.sqrt(r) if rslora else alpha / r
         self.dropout = optional_dropout(dropout)
         w = base.weight  # (d_out, d_in); (d_in, d_out) for a Conv1D
         d_out, d_in = linear_dims(base)
@@ -39,7 +46,7 @@ class LoRALinear(LinearWrapper):
         return self.base(x) + (z @ self.B.T) * self.scaling
 
     def delta_weight(self) -> torch.Tensor:
-        """``Delta W = (alpha / r) B A``, shape ``(d_out, d_in)``."""
+        """``Delta W = s B A`` (s = ``scaling``), shape ``(d_out, d_in)``."""
         return self.B @ self.A * self.scaling
 
     def adapter_parameters(self) -> Iterator[nn.Parameter]:

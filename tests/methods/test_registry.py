@@ -72,9 +72,12 @@ def test_every_builder_in_apply_has_an_entry():
 
 
 def test_the_paper_row_order_and_titles():
-    assert list(METHODS) == ["full", "bitfit", "houlsby", "pfeiffer", "lora", "adalora"]
+    # the paper's rows, today's baselines after LoRA, and AdaLoRA last as in Table 1
+    assert list(METHODS) == ["full", "bitfit", "houlsby", "pfeiffer", "lora", "rslora", "dora",
+                             "pissa", "loraplus", "sora", "increlora", "adalora"]
     assert [s.title for s in METHODS.values()] == [
-        "Full FT", "BitFit", "HAdapter", "PAdapter", "LoRA", "AdaLoRA"]
+        "Full FT", "BitFit", "HAdapter", "PAdapter", "LoRA", "rsLoRA", "DoRA", "PiSSA",
+        "LoRA+", "SoRA", "IncreLoRA", "AdaLoRA"]
 
 
 def test_an_unknown_method_is_one_line_naming_every_choice():
@@ -83,7 +86,8 @@ def test_an_unknown_method_is_one_line_naming_every_choice():
     with pytest.raises(ConfigError) as info:
         check_method(bad)
     assert str(info.value) == ("unknown method.name 'qlora'; choose from full, bitfit, houlsby, "
-                               "pfeiffer, lora, adalora")
+                               "pfeiffer, lora, rslora, dora, pissa, loraplus, sora, increlora, "
+                               "adalora")
     with pytest.raises(ConfigError, match="unknown method.name 'qlora'"):
         apply_method(tiny_bert(), bad, None)
 
@@ -97,6 +101,12 @@ def test_size_labels_by_hand():
         cfg = run_config(adapter, adapter={"dim": 16})
         assert method_spec(adapter).size_label(cfg, None) == "d=16"
     assert method_spec("bitfit").size_label(run_config("bitfit"), 144) == ""
+    assert method_spec("dora").size_label(run_config("dora", dora={"r": 4}), 288) == "r=4"
+    assert method_spec("sora").size_label(run_config("sora", sora={"r_max": 6}), 288) == (
+        "r_max=6")
+    inc = run_config("increlora", increlora={"budget": 288})
+    assert method_spec("increlora").size_label(inc, 288) == "r_init=1"
+    assert method_spec("increlora").size_label(inc, None) == "r_init=1 b(T)=288"
     assert method_spec("full").size_label(run_config("full"), None) == ""
 
 
@@ -105,14 +115,18 @@ def test_budget_matching_at_rbar_2_on_72_matrices():
     got = {name: spec.size_overrides(144, 72) for name, spec in METHODS.items()}
     assert got == {"full": [], "bitfit": [],
                    "houlsby": ["adapter.dim=8"], "pfeiffer": ["adapter.dim=16"],
-                   "lora": ["lora.r=2"],
+                   "lora": ["lora.r=2"], "rslora": ["rslora.r=2"], "dora": ["dora.r=2"],
+                   "pissa": ["pissa.r=2"], "loraplus": ["loraplus.r=2"],
+                   "sora": ["sora.r_max=4"],  # starts at AdaLoRA's r0
+                   "increlora": ["increlora.budget=144"],  # grows to b(T) itself
                    "adalora": ["adalora.budget=144", "adalora.init_rank=4"]}
     assert METHODS["lora"].match(8, Fraction(8, 12)) == {"lora.r": 1}  # 0.67 rounds to 1
 
 
 def test_export_and_weights_flags():
     assert {n: s.peft_type for n, s in METHODS.items() if s.peft_type} == {
-        "lora": "LORA", "adalora": "ADALORA"}
+        "lora": "LORA", "rslora": "LORA", "dora": "LORA", "pissa": "LORA", "loraplus": "LORA",
+        "adalora": "ADALORA"}
     assert [n for n, s in METHODS.items() if not s.mergeable] == ["houlsby", "pfeiffer"]
     assert [n for n, s in METHODS.items() if s.saves_whole_model] == ["full"]
 
@@ -123,14 +137,15 @@ def test_consumers_derive_their_lists_from_the_registry(monkeypatch):
     from adalora_cli.report import tables
     from adalora_cli.sweep import plan
 
-    assert plan.SIZED == ("houlsby", "pfeiffer", "lora", "adalora")
-    assert merged.MERGEABLE == ("full", "bitfit", "lora", "adalora")
+    new = ("rslora", "dora", "pissa", "loraplus", "sora", "increlora")
+    assert plan.SIZED == ("houlsby", "pfeiffer", "lora", *new, "adalora")
+    assert merged.MERGEABLE == ("full", "bitfit", "lora", *new, "adalora")
     assert tables.METHOD_NAMES == {n: s.title for n, s in METHODS.items()}
-    extra = dataclasses.replace(METHODS["lora"], name="dora", title="DoRA")
-    monkeypatch.setitem(METHODS, "dora", extra)
-    assert plan.parse_methods("dora,lora") == ["dora", "lora"]
-    assert plan.size_overrides("dora", 144, 72) == ["lora.r=2"]
-    with pytest.raises(ConfigError, match="choose from full, .*, adalora, dora"):
+    extra = dataclasses.replace(METHODS["lora"], name="vera", title="VeRA")
+    monkeypatch.setitem(METHODS, "vera", extra)
+    assert plan.parse_methods("vera,lora") == ["vera", "lora"]
+    assert plan.size_overrides("vera", 144, 72) == ["lora.r=2"]
+    with pytest.raises(ConfigError, match="choose from full, .*, adalora, vera"):
         plan.parse_methods("qlora")
 
 
@@ -173,6 +188,12 @@ def test_the_digest_follows_what_each_method_reads():
     assert _digest("lora", "train.max_steps=9", "train.epochs=1") == _digest(
         "lora", "train.max_steps=9")
     assert _digest("lora", "train.epochs=1") != _digest("lora")
+    # IncreLoRA grows over AdaLoRA's phases unless its own are set
+    assert _digest("increlora", "adalora.t_init=7") != _digest("increlora")
+    pinned = ("increlora.t_init=1", "increlora.delta_t=1", "increlora.t_final=1")
+    assert _digest("increlora", *pinned, "adalora.t_init=7") == _digest("increlora", *pinned)
+    assert _digest("dora", "adalora.budget=8", "lora.r=3") == _digest("dora")
+    assert _digest("dora", "dora.rslora=true") != _digest("dora")
     flat = comparable_config(run_config("bitfit"))
     assert "train.learning_rate" in flat and "train.seed" not in flat
     assert not any(k.split(".")[0] in ("adalora", "lora", "adapter") for k in flat)
