@@ -68,6 +68,24 @@ class IncreLoRALinear(LinearWrapper):
         self._dw: torch.Tensor | None = None
         self._grad: torch.Tensor | None = None
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        """A run rebuilt without its T (``load_run``) cannot know how much room the growth
+        plan gave each matrix: take it from the saved tensors."""
+        saved = state_dict.get(prefix + "lam")
+        if saved is not None and saved.shape[0] != self.capacity:
+            self._resize(saved.shape[0])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _resize(self, capacity: int) -> None:
+        """Fresh zero tensors for ``capacity`` triplets (before loading saved values)."""
+        for name in ("P", "lam", "Q", "born", "active"):
+            old = getattr(self, name)
+            shape = list(old.shape)
+            shape[1 if name == "P" else 0] = capacity
+            setattr(self, name, nn.Parameter(old.new_zeros(shape),
+                                             requires_grad=old.requires_grad))
+        self.capacity = capacity
+
     # ------------------------------------------------------------------ forward
 
     def _lam(self) -> torch.Tensor:
