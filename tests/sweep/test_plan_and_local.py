@@ -170,7 +170,7 @@ def test_failed_runs_are_recorded_and_the_others_go_on(tmp_path, in_repo):
 @pytest.mark.parametrize("args, fragment", [
     (["configs/nope.yaml"], "does not exist"),
     ([SMOKE, "--budget", "8,x"], "--budget takes a comma-separated list"),
-    ([SMOKE, "--methods", "lora,dora"], "unknown method 'dora'"),
+    ([SMOKE, "--methods", "lora,vera"], "unknown method 'vera'"),
     ([SMOKE, "--seeds", "-1"], "--seeds takes"),
     ([SMOKE, "train.seed=3"], "set by the sweep itself"),
     ([SMOKE, "--jobs", "0"], "--jobs must be >= 1"),
