@@ -112,12 +112,12 @@ class IncreLoRALinear(LinearWrapper):
         self._grad = g.clone() if self._grad is None else self._grad + g
 
     def take_sensitivity(self) -> torch.Tensor:
-        """This step's ``sum |Delta W * dL/dDelta W| / sqrt(d_out d_in)``; 0 without a
-        gradient. Clears what the step collected."""
+        """This step's ``sum |Delta W * dL/dDelta W| / sqrt(d_out d_in)`` (a 0-d fp32 tensor
+        on the layer's device); 0 without a gradient. Clears what the step collected."""
         dw, grad, self._dw, self._grad = self._dw, self._grad, None, None
         if dw is None or grad is None:
-            return torch.zeros((), dtype=torch.float64)
-        return ((dw.float() * grad).abs().sum() / math.sqrt(dw.numel())).double().cpu()
+            return torch.zeros((), device=self.lam.device)
+        return (dw.float() * grad).abs().sum() / math.sqrt(dw.numel())
 
     def delta_weight(self) -> torch.Tensor:
         """``(alpha / rank) P diag(lam) Q``, shape ``(d_out, d_in)``."""
@@ -226,7 +226,8 @@ class RankGrower:
         (averaged over processes first, like every other gradient)."""
         for layer in self._layers:
             _all_reduce_mean(layer._grad)
-        return torch.stack([layer.take_sensitivity() for layer in self._layers])
+        scores = [layer.take_sensitivity() for layer in self._layers]
+        return torch.stack([s.to(scores[0].device) for s in scores]).double().cpu()  # one sync
 
     @torch.no_grad()
     def step(self, t: int) -> StepReport:

@@ -105,13 +105,14 @@ class GateSparsifier:
         return StepReport(sum(pattern.values()), pattern if changed else None)
 
     def rank_pattern(self) -> dict[str, int]:
-        return {path: int((layer.gate != 0).sum()) for path, layer in
-                zip(self.paths, self._layers)}
+        """Every matrix's number of nonzero gates (one device sync for all of them)."""
+        counts = torch.stack([(layer.gate.detach() != 0).sum() for layer in self._layers])
+        return dict(zip(self.paths, (int(c) for c in counts.tolist())))
 
     def final_adapter_params(self) -> int:
         """``d_out + d_in + 1`` per nonzero gate: the ranks that remain."""
-        return sum(int((layer.gate != 0).sum()) * (layer.out_features + layer.in_features + 1)
-                   for layer in self._layers)
+        return sum(rank * (layer.out_features + layer.in_features + 1)
+                   for rank, layer in zip(self.rank_pattern().values(), self._layers))
 
     def state_dict(self) -> dict[str, Any]:
         return {"paths": list(self.paths), "last": self._last}
