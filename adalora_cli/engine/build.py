@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import random
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
@@ -73,13 +75,32 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+def bf16_native(device: torch.device) -> bool:
+    """Whether the GPU computes bf16 in hardware: compute capability 8.0 or higher (A100,
+    A10, L4, RTX 30xx/40xx, H100), or any ROCm GPU. Not ``torch.cuda.is_bf16_supported()``:
+    it also says True on V100 and T4 (7.x), where bf16 is only emulated, without tensor
+    cores and far slower than fp16."""
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """The autocast precision a run gets from ``train.precision``: fp32 off CUDA; ``auto``
+    is bf16 where the GPU runs it natively and fp16 with loss scaling elsewhere."""
+    if device.type != "cuda" or precision == "fp32":
+        return "fp32"
+    if precision == "auto":
+        return "bf16" if bf16_native(device) else "fp16"
+    return precision
+
+
 def autocast_factory(precision: str, device: torch.device):
     """Mixed precision on CUDA only; returns (context factory, dtype or None)."""
-    if device.type != "cuda" or precision == "fp32":
+    ran = resolve_precision(precision, device)
+    if ran == "fp32":
         return contextlib.nullcontext, None
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    dtype = _DTYPES[ran]
     return (lambda: torch.autocast("cuda", dtype=dtype)), dtype
 
 
@@ -144,7 +165,9 @@ def weightless_loading():
         AutoTokenizer.from_pretrained = real_tokenizer
 
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+def dtype_name(dtype: torch.dtype) -> str:
+    """fp32, bf16 or fp16: a dtype in the config's words."""
+    return next(name for name, d in _DTYPES.items() if d is dtype)
 
 
 def base_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
@@ -212,6 +235,10 @@ class Built:
     handle: MethodHandle
     steps: int
     device: torch.device
+    precision: str = "fp32"
+    """The autocast precision that runs (:func:`resolve_precision`): fp32, bf16 or fp16."""
+    base_dtype: torch.dtype = torch.float32
+    """The dtype of the frozen base weights (:func:`base_dtype`)."""
 
 
 def build_run(cfg: RunConfig, w: World | None = None) -> Built:
@@ -238,7 +265,12 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     cast_frozen(model, dtype)
     if cfg.train.gradient_checkpointing:
         enable_checkpointing(model)
-    return Built(cfg, task, model, tokenizer, data, handle, steps, device)
+    precision = resolve_precision(cfg.train.precision, device)
+    if precision == "bf16" and not bf16_native(device) and (w is None or w.main):
+        print(f"warning: train.precision=bf16 on {torch.cuda.get_device_name(device)}, which "
+              "only emulates bf16 (slower than fp16); train.precision=auto picks fp16 with "
+              "loss scaling there", file=sys.stderr, flush=True)
+    return Built(cfg, task, model, tokenizer, data, handle, steps, device, precision, dtype)
 
 
 def dry_run(cfg: RunConfig) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A checkpoint holds everything the next optimizer step depends on: the trainable tensors
 (adapter + head; every parameter for ``full``), the optimizer, lr scheduler and GradScaler,
 the rank allocator (EMAs, mask, frozen flag), every RNG (python, numpy, torch CPU and CUDA)
-of every process (each rank draws its own dropout masks), the data order (the epoch's
+of every process (each rank draws its own dropout masks) and so the number of processes,
+the autocast precision that ran and the loss scaler's skipped steps, the data order (the epoch's
 generator state at its start and the batches used since), the step counter, the time
 trained so far, how far ``metrics.jsonl`` and ``rank_history.jsonl`` had been written (bytes
 and rows), so a resumed run first cuts off the rows that the killed attempt wrote after
@@ -88,6 +89,9 @@ def state_of(stepper: Stepper, generator: torch.Generator, pos: Position,
         "streams": streams,
         "eval_pending": eval_pending,
         "train_seconds": pos.seconds_now,
+        "world_size": len(rngs),
+        "precision": stepper.precision,
+        "skipped": {"total": stepper.skipped, "run": stepper.skip_run},
     }
 
 
@@ -96,7 +100,10 @@ def restore(state: dict[str, Any], stepper: Stepper, rank: int = 0) -> Position:
     position. The caller cuts the streams back to ``state["streams"]``."""
     stepper.optimizer.load_state_dict(state["optimizer"])
     stepper.scheduler.load_state_dict(state["scheduler"])
-    stepper.scaler.load_state_dict(state["scaler"])
+    if state["scaler"]:  # empty when saved without loss scaling: a new scaler starts fresh
+        stepper.scaler.load_state_dict(state["scaler"])
+    skipped = state.get("skipped") or {}
+    stepper.skipped, stepper.skip_run = skipped.get("total", 0), skipped.get("run", 0)
     if stepper.handle.allocator is not None:
         stepper.handle.allocator.load_state_dict(state["allocator"])
     set_rng_state(rank_rng(state["rng"], rank))
@@ -227,6 +234,45 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def saved_world_size(state: dict[str, Any]) -> int:
+    """How many processes wrote a checkpoint (older ones: one RNG state per process)."""
+    return int(state.get("world_size") or len(state["rng"]))
+
+
+def machine_changes(state: dict[str, Any], world_size: int, precision: str
+                    ) -> dict[str, list[Any]]:
+    """What differs between the processes and autocast precision a checkpoint ran with and
+    this resume's ({"processes": [2, 1], "precision": ["bf16", "fp16"]}); empty if nothing."""
+    changes: dict[str, list[Any]] = {}
+    if saved_world_size(state) != world_size:
+        changes["processes"] = [saved_world_size(state), world_size]
+    if state.get("precision", precision) != precision:
+        changes["precision"] = [state["precision"], precision]
+    return changes
+
+
+def describe_machine_changes(changes: dict[str, list[Any]]) -> str:
+    """One line on what a resume on other processes or another GPU restores exactly and what
+    it cannot (docs/run-directory.md#resuming)."""
+    parts = []
+    if "processes" in changes:
+        saved, now = changes["processes"]
+        parts.append(
+            f"resuming on {now} process{'es' if now > 1 else ''} a checkpoint written by "
+            f"{saved}: the weights, optimizer, lr and budget schedules, rank allocator and data "
+            "order carry on exactly, but each process's random stream (dropout) and the sum "
+            "of gradients over processes cannot, so the run matches an uninterrupted one only "
+            "up to those")
+    if "precision" in changes:  # another GPU, or train.device changed
+        saved, now = changes["precision"]
+        tail = ", without its loss scaler" if saved == "fp16" else (
+            ", with a fresh loss scaler" if now == "fp16" else "")
+        said = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}
+        parts.append(f"this device runs {said[now]} where the checkpoint ran {said[saved]}: "
+                     f"the run goes on so{tail}")
+    return "; ".join(parts)
 
 
 def rank_rng(states: list[dict[str, Any]], rank: int) -> dict[str, Any]:

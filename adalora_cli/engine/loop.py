@@ -27,7 +27,7 @@ from ..rundir.run import RunBusy, RunDir, default_run_dir, write_text_atomic
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults
-from .build import Built, build_run
+from .build import Built, build_run, dtype_name
 from .distributed import (
     World,
     any_rank,
@@ -37,6 +37,7 @@ from .distributed import (
     gather,
     global_mean,
     init,
+    masks_from_rank0,
     per_rank_batch,
     shutdown,
     world,
@@ -71,8 +72,9 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
            note=lambda text: None) -> Path:
     """Continue the unfinished run in ``path`` with ``cfg`` (checked by the caller).
 
-    The checkpoint holds no trace of the number of processes, so a run may resume on more
-    or fewer than it started with."""
+    A run may resume on more or fewer processes than it started with, or on a device that
+    runs another autocast precision: what carries over exactly and what cannot is said in
+    one note and recorded in status.json (checkpoint.describe_machine_changes)."""
     w = world()
     with StopSignals() as stop:
         RunDir.check_claimable(path)  # a finished or live run is refused before the build
@@ -91,11 +93,16 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
             if run.latest is None:
                 note(f"{path} has no checkpoint yet; starting it over from step 0")
                 run.clear_outputs()
-            elif changes:
+                return run
+            machine = ckpt.machine_changes(found[1], w.size, built.precision)
+            if changes:
                 note("resuming with " + ", ".join(f"{k} {a!r} -> {b!r}"
                                                   for k, (a, b) in changes.items())
                      + " (recorded in status.json)")
-                run.record_resume(changes)
+            if machine:
+                note(ckpt.describe_machine_changes(machine) + " (recorded in status.json)")
+            if changes or machine:
+                run.record_resume(changes, machine=machine)
             return run
 
         try:
@@ -118,7 +125,7 @@ class Silent:
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None: ...
     def stream_sizes(self) -> dict[str, int]: return {}
     def truncate_streams(self, sizes: dict[str, int]) -> None: ...
-    def record_resume(self, changes, lost=None) -> None: ...
+    def record_resume(self, changes, lost=None, machine=None) -> None: ...
     def fail(self, error: str) -> None: ...
     def preempt(self, reason: str, step: int) -> None: ...
     def finish(self, summary: dict[str, Any]) -> None: ...
@@ -194,6 +201,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     stepper = Stepper.build(model, handle, t_cfg, steps, device)
+    masks_from_rank0(handle.allocator, w)  # the same masks on every rank, by construction
     generator = torch.Generator().manual_seed(t_cfg.seed)
     lengths = example_lengths(data.train) if t_cfg.group_by_length else None
     batches = EpochBatches(data.train, t_cfg.batch_size, generator, lengths, world=w)
@@ -256,8 +264,9 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                     continue
                 pos.step += 1
                 faults.hit("midstep", pos.step)
-                log = stepper.update(pos.step)
-                row = _train_row(pos.step, loss_sum / micro, log, reg, stepper)
+                # a non-finite loss ends the run here, or is skipped under fp16 loss scaling
+                log = stepper.update(pos.step, loss_sum / micro)
+                row = _train_row(pos.step, loss_sum / micro, log, reg)
                 micro, loss_sum = 0, 0.0
                 if log.ranks is not None:  # every rank must have chosen the same ranks
                     check_masks(handle.allocator.mask, pos.step, w)
@@ -289,7 +298,17 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     summary = write_outputs(built, run, results, train_seconds, epochs)
     summary["data"] = data.info  # split sizes and sources: what T was computed from
     summary["checkpoint_bytes"] = pos.checkpoint_bytes
+    summary["precision"] = precision_record(built, stepper)
     return summary
+
+
+def precision_record(built: Built, stepper: Stepper) -> dict[str, Any]:
+    """What ran, for summary.json: the autocast precision ``train.precision`` resolved to
+    on this machine, the frozen base's dtype, whether fp16 loss scaling was on, and how many
+    steps it skipped (all attempts)."""
+    return {"autocast": built.precision,
+            "base_dtype": dtype_name(built.base_dtype),
+            "loss_scaling": stepper.scaler.is_enabled(), "skipped_steps": stepper.skipped}
 
 
 def _heartbeat(run: RunDir | Silent, w: World):
@@ -299,15 +318,18 @@ def _heartbeat(run: RunDir | Silent, w: World):
 
 
 def _train_row(step: int, loss: float, log: StepLog,
-               reg: torch.Tensor | None, stepper: Stepper) -> dict[str, Any]:
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"loss became {loss} at step {step}; likely causes: "
-                                 + stepper.nonfinite_causes())
-    row: dict[str, Any] = {"step": step, "loss": round(loss, 6), "lr": log.lr}
+               reg: torch.Tensor | None) -> dict[str, Any]:
+    """One training row of metrics.jsonl; a non-finite loss (a step the fp16 loss scaler
+    skipped: without it the step raised first) is written as null, and such a step says
+    ``"skipped": true``."""
+    row: dict[str, Any] = {"step": step, "loss": round(loss, 6) if math.isfinite(loss)
+                           else None, "lr": log.lr}
     if log.budget is not None:
         row["budget"] = log.budget
     if reg is not None:
         row["orth_reg"] = round(float(reg.detach()), 6)
+    if log.skipped:
+        row["skipped"] = True
     return row
 
 

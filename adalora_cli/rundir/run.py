@@ -221,13 +221,16 @@ class RunDir:
         self.close(quiet=True)
         self.set_status("preempted", reason=reason, step=step, ended=_now())
 
-    def record_resume(self, changes: dict[str, list[Any]], lost: str | None = None) -> None:
+    def record_resume(self, changes: dict[str, list[Any]], lost: str | None = None,
+                      machine: dict[str, list[Any]] | None = None) -> None:
         """Note in status.json what this attempt resumed with that the checkpoint did not:
-        allowed config changes ({key: [before, now]}) and rows a torn log lost."""
+        allowed config changes ({key: [before, now]}), rows a torn log lost, and another
+        number of processes or autocast precision ({"processes": [2, 1]})."""
         status = self.read_status(self.path) or {}
         entry: dict[str, Any] = {"attempt": status.get("attempt", 1), "time": _now()}
         if changes:
             entry["config_changes"] = changes
+        entry.update(machine or {})
         if lost:
             entry["log_rows_lost"] = lost
         if len(entry) > 2:
