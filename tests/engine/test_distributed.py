@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from adalora_cli.engine.distributed import World, per_rank_batch, shard
-from adalora_cli.rundir.run import read_metrics
+from adalora_cli.rundir.run import RunDir, read_metrics
 
 from .conftest import ROOT, SMOKE, forked
 
@@ -90,6 +90,30 @@ def test_resume_on_another_number_of_processes(no_dropout, one_process, tmp_path
     assert forked(args(no_dropout, out, "train.save_every=3"), "kill@step=14") == -9
     proc = adalora("train", "--resume", str(out), "--quiet", "--nproc", "2")
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("note: resuming on 2 processes a checkpoint written by 1:") == 1
+    assert_same_run(one_process, out)
+
+
+@pytest.mark.e2e
+def test_a_two_process_checkpoint_resumes_on_one_and_says_what_carries_over(
+        no_dropout, one_process, tmp_path):
+    """Stopped on two processes in step 14 (last checkpoint: step 12), finished on one:
+    without dropout the one thing that cannot carry over is absent, so it is the same run;
+    the resume says in one note what is exact and records the change in status.json."""
+    out = tmp_path / "run"
+    first = adalora(*args(no_dropout, out, "train.save_every=3"), "--nproc", "2",
+                    env={"ADALORA_FAULT": "term@midstep=14"})
+    assert first.returncode == 75, first.stderr
+    proc = adalora("train", "--resume", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: resuming on 1 process a checkpoint written by 2: the weights, optimizer, lr "
+        "and budget schedules, rank allocator and data order carry on exactly, but each "
+        "process's random stream (dropout) and the sum of gradients over processes cannot, "
+        "so the run matches an uninterrupted one only up to those (recorded in status.json)"]
+    resumes = RunDir.read_status(out)["resumes"]
+    assert [(r["attempt"], r["processes"]) for r in resumes] == [(2, [2, 1])]
     assert_same_run(one_process, out)
 
 
@@ -169,6 +193,73 @@ def test_mask_checksums_are_compared_across_ranks(tmp_path, diverge):
         expected = ("AdaLoRA masks diverged across processes at step 7 (rank 0: 12 kept / "
                     "checksum 78, rank 1: 11 kept / checksum 72)")
         assert results == [expected, expected]
+
+
+def _allocator_worker(rank: int, init: str, handle, from_rank0: bool, out: str) -> None:
+    """One rank of a tiny AdaLoRA model (built before the fork: the same weights and
+    gradients on both ranks) whose importance averages then differ by rank, as CUDA's
+    unordered reductions make them differ, only more; then a mask event. Writes the mask the
+    rank ended with and the one its own scores chose."""
+    import torch.distributed as dist
+
+    from adalora_cli.engine.distributed import check_masks, masks_from_rank0
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    w = World(rank, 2, rank)
+    allocator = handle.allocator
+    if from_rank0:
+        masks_from_rank0(allocator, w)
+    noise = torch.Generator().manual_seed(100 + rank)
+    allocator.U_bar.mul_(1 + torch.rand(allocator.U_bar.shape, generator=noise))
+    report = allocator.step(3)  # b(3) = 10 + floor(38 * 4^3 / 5^3) = 29 triplets kept
+    own = torch.zeros_like(allocator.mask)
+    own[torch.argsort(allocator.scores(), descending=True, stable=True)[:29]] = 1.0
+    try:
+        check_masks(allocator.mask, 3, w)
+        guard = "ok"
+    except RuntimeError as err:
+        guard = str(err)
+    torch.save({"mask": allocator.mask.clone(), "own": own, "ranks": report.ranks,
+                "guard": guard}, Path(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("from_rank0", [True, False])
+def test_masks_are_rank_0_s_choice_even_where_scores_differ(tmp_path, from_rank0):
+    import multiprocessing as mp
+
+    from adalora_cli.methods import apply_method
+    from tests.methods._tiny import run_config, tiny_batch, tiny_bert
+
+    model = tiny_bert(0)
+    cfg = run_config("adalora", adalora={"budget": 10, "t_init": 2, "t_final": 3,
+                                         "delta_t": 1})
+    handle = apply_method(model, cfg, 10)
+    torch.manual_seed(1)
+    for _, layer in handle.layers:  # lam = 0 (its start) would give every entry score 0
+        layer.lam.data.normal_()
+    model(**tiny_batch(1)).loss.backward()
+    handle.allocator.step(1)  # warm-up: scores only, the same on both ranks
+
+    init = f"file://{tmp_path / 'store'}"
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_allocator_worker,
+                         args=(r, init, handle, from_rank0, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    zero, one = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert not torch.equal(zero["own"], one["own"])  # the ranks' scores disagree
+    assert int(zero["own"].sum()) == int(one["own"].sum()) == 29
+    if from_rank0:  # as the loop sets it up: rank 0's choice everywhere
+        assert torch.equal(zero["mask"], zero["own"]) and torch.equal(one["mask"], zero["own"])
+        assert zero["ranks"] == one["ranks"] and sum(zero["ranks"].values()) == 29
+        assert zero["guard"] == one["guard"] == "ok"
+    else:  # each rank on its own: the masks diverge, and the guard says so
+        assert torch.equal(one["mask"], one["own"])
+        assert zero["guard"].startswith("AdaLoRA masks diverged across processes at step 3")
 
 
 @pytest.mark.e2e
