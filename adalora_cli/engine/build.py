@@ -29,6 +29,7 @@ from ..methods.budget_params import budget_info
 from ..methods.registry import check_method
 from ..tasks import get_task
 from ..tasks.base import Task, TaskData
+from ..tasks.pretrained import DTYPE_KEYWORD
 from .distributed import World
 from .schedule import total_steps
 
@@ -147,7 +148,8 @@ def weightless_loading():
             config, kwargs = cls.config_class.from_pretrained(
                 config or name, return_unused_kwargs=True, **kwargs)
         dtype = kwargs.get("dtype") or kwargs.get("torch_dtype")
-        return cls._from_config(config, **({"dtype": dtype} if dtype else {}))
+        # by the keyword this transformers knows (torch_dtype before 4.56)
+        return cls._from_config(config, **({DTYPE_KEYWORD: dtype} if dtype else {}))
 
     def tokenizer_if_any(cls, *args, **kwargs):
         try:
