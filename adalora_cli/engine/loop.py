@@ -21,9 +21,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ConfigError, RunConfig, dump_config
-from ..errors import first_line
+from ..errors import Preempted, RunBusy, first_line, warning
 from ..rundir.layout import CONFIG
-from ..rundir.run import RunBusy, RunDir, default_run_dir, write_text_atomic
+from ..rundir.run import RunDir, default_run_dir, write_text_atomic
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults
@@ -41,12 +41,12 @@ from .distributed import (
     shutdown,
     world,
 )
-from .loggers import RunLogger, open_trackers, warn
+from .loggers import RunLogger, open_trackers
 from .order import EpochBatches, example_lengths
 from .outputs import trained_state, write_outputs
 from .progress import TrainProgress
 from .progress import check_env as check_progress_env
-from .signals import Preempted, StopSignals
+from .signals import StopSignals
 from .split import LengthSplit
 from .step import StepLog, Stepper
 
@@ -161,7 +161,7 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
         trackers.log_summary(summary)  # marks the tracker runs finished on close
     except BaseException as err:
         if isinstance(err, Preempted):
-            run.preempt(str(err), step=getattr(err, "step", None))
+            run.preempt(str(err), step=err.step)
         else:
             reason = "interrupted by the user" if isinstance(err, KeyboardInterrupt) else (
                 f"{type(err).__name__}: {first_line(err)}")
@@ -212,10 +212,9 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         pos.saved_step = pos.step
 
     def stopped(why: str | None) -> Preempted:
-        err = Preempted(f"stopped by {why or 'a signal to another process'} at step "
-                        f"{pos.step}; resume with adalora train --resume {run.path}")
-        err.step = pos.step
-        return err
+        return Preempted(f"stopped by {why or 'a signal to another process'} at step "
+                         f"{pos.step}; resume with adalora train --resume {run.path}",
+                         step=pos.step)
 
     def boundary(eval_due: bool) -> None:
         """After optimizer step ``pos.step``: evaluate, checkpoint, honour a stop."""
@@ -361,7 +360,7 @@ def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir, w: World
     pos = ckpt.restore(state, stepper, w.rank)
     lost = run.truncate_streams(state["streams"])
     if lost:  # a log shorter than its checkpoint: cut to whole rows, said, never padded
-        warn(lost)
+        warning(lost)
         run.record_resume({}, lost)
     pos.checkpoint_bytes = _size(path)
     return pos

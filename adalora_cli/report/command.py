@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..config import ConfigError
+from ..errors import warning
 
 
 def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool,
@@ -43,7 +44,7 @@ def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool
 
 
 def _warn(err: Console, text: str) -> None:
-    err.print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+    warning(text, err.file)
 
 
 def emit(result, formats: list[str], out_dir: Path | None, figures: bool, out: Console,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, RunConfig, dump_config
+from ..errors import RunBusy
 from .layout import (
     CONFIG,
     HEATMAP,
@@ -34,11 +35,6 @@ from .layout import (
     SUMMARY,
     WEIGHTS,
 )
-
-
-class RunBusy(Exception):
-    """Another live process owns the run directory."""
-
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """A full disk, a full quota, or the file size limit (``ulimit -f``)."""

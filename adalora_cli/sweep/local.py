@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import threads
 from ..config import load_config
-from ..errors import EXIT_BUSY, EXIT_PREEMPTED
+from ..errors import EXIT_BUSY, EXIT_PREEMPTED, SweepStopped, warning
 from ..rundir.layout import CONFIG, LAUNCH, SWEEP_LOG, SWEEP_MANIFEST
 from ..rundir.owner import PARENT_ENV, identity, launch_alive, owner_alive
 from ..rundir.run import RunDir, is_finished, locked
@@ -207,9 +207,8 @@ def _settled(run: PlannedRun, sweep_dir: Path, console: Console) -> Outcome | No
     state = run_state(path)
     if state == "finished":
         if config_drift(run, path):
-            console.print(f"[yellow]warning:[/] {path} finished with a different config "
-                          "than this sweep now plans; kept it (delete it to rerun)",
-                          highlight=False, soft_wrap=True)
+            warning(f"{path} finished with a different config than this sweep now plans; "
+                    "kept it (delete it to rerun)", console.file)
         return Outcome(run, "skipped")
     if state == "running":
         return Outcome(run, "busy")
@@ -245,10 +244,6 @@ def _launch(run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
     return _Job(run, sweep_dir, gpu, jobs, resume)
 
 
-class SweepStopped(Exception):
-    """The sweep got SIGTERM; its training processes were stopped with checkpoints."""
-
-
 def _stop_on_sigterm() -> None:
     def handler(signum, frame):
         raise SweepStopped("stopped by SIGTERM")
@@ -274,8 +269,8 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
             outcomes.append(settled)
             log.event(run.name, settled.status)
             if settled.status == "busy":
-                console.print(f"[yellow]warning:[/] {sweep_dir / run.name} is being run by "
-                              "another process; left alone", highlight=False, soft_wrap=True)
+                warning(f"{sweep_dir / run.name} is being run by another process; left alone",
+                        console.file)
     slots = gpu_slots(jobs, visible_gpus())
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("{task.fields[note]}"),

@@ -10,8 +10,9 @@ import time
 import pytest
 
 from adalora_cli.config import ConfigError, RunConfig
+from adalora_cli.errors import RunBusy
 from adalora_cli.rundir import owner as lifecycle
-from adalora_cli.rundir.run import RunBusy, RunDir
+from adalora_cli.rundir.run import RunDir
 
 
 def write_status(path, **fields):

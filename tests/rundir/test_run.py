@@ -7,7 +7,8 @@ import json
 import pytest
 
 from adalora_cli.config import ConfigError, RunConfig, load_config
-from adalora_cli.rundir.run import RunBusy, RunDir, default_run_dir, is_finished, read_metrics
+from adalora_cli.errors import RunBusy
+from adalora_cli.rundir.run import RunDir, default_run_dir, is_finished, read_metrics
 
 
 def test_create_writes_config_and_running_status(tmp_path):
