@@ -8,9 +8,12 @@ their full dotted path, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -500,3 +503,26 @@ def resume_config(path: str | Path, overrides: list[str]) -> RunConfig:
 
 def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+# --------------------------------------------------------------------------- flat views
+
+
+def flatten(data: Mapping[str, Any], sep: str = ".", leaves: tuple[str, ...] = (),
+            prefix: str = "") -> dict[str, Any]:
+    """Nested mappings (a config's ``to_dict()``, a raw YAML, a summary) as ``{dotted key:
+    leaf}``; a key named in ``leaves`` keeps its mapping whole as one value."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{sep}{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and key not in leaves:
+            out.update(flatten(value, sep, leaves, path))
+        else:
+            out[path] = value
+    return out
+
+
+def digest(values: Any) -> str:
+    """sha256 of ``values`` as canonical JSON (sorted keys, anything else as its text): how
+    a checkpoint and a summary fingerprint a flattened config."""
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()

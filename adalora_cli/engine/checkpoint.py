@@ -18,8 +18,6 @@ previous one as the latest.
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import os
 import random
 import re
@@ -33,7 +31,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..config import RESUMABLE_KEYS, ConfigError, RunConfig
+from ..config import RESUMABLE_KEYS, ConfigError, RunConfig, digest, flatten
+from ..errors import describe
 from ..rundir.layout import CHECKPOINTS
 from ..rundir.run import follow_umask
 from . import faults
@@ -141,7 +140,7 @@ def newest_readable(run_path: Path, note=lambda text: None
         try:
             _, state = load_checkpoint(path)
         except Exception as err:  # any damage: the reader's own words say which
-            bad.append(f"{path}: {_first_line(err)}")
+            bad.append(f"{path}: {describe(err)}")
             continue
         if bad:
             note(f"skipped unreadable checkpoint(s) {'; '.join(bad)}; resuming from "
@@ -153,25 +152,11 @@ def newest_readable(run_path: Path, note=lambda text: None
     return None
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 # ------------------------------------------------------------------ the run's config
 def flat_config(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
-    """{"train.learning_rate": 0.005, ...}: every leaf of the config under its dotted key."""
-    data = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
-    out: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict) and key not in ("data_files",):
-                walk(value, f"{prefix}{key}.")
-            else:
-                out[f"{prefix}{key}"] = value
-    walk(data, "")
-    return out
+    """{"train.learning_rate": 0.005, ...}: every leaf of the config under its dotted key
+    (``task.data_files`` whole, as checkpoints have always recorded it)."""
+    return flatten(cfg.to_dict() if isinstance(cfg, RunConfig) else cfg, leaves=("data_files",))
 
 
 def may_change(key: str) -> bool:
@@ -180,16 +165,16 @@ def may_change(key: str) -> bool:
     return key.startswith(RESUMABLE_KEYS) and not key.endswith(".")
 
 
-def config_digest(cfg: RunConfig | dict[str, Any]) -> str:
-    """sha256 of the config without the keys that :func:`may_change`."""
-    kept = {k: v for k, v in flat_config(cfg).items() if not may_change(k)}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+def resume_digest(cfg: RunConfig | dict[str, Any]) -> str:
+    """The digest of the config without the keys that :func:`may_change`: a resume must
+    match it (recorded as the checkpoint's ``config_digest``)."""
+    return digest({k: v for k, v in flat_config(cfg).items() if not may_change(k)})
 
 
 def config_record(cfg: RunConfig) -> dict[str, Any]:
     """What a checkpoint keeps of the config: every value, and the digest of those that
     must not change."""
-    return {"config": flat_config(cfg), "config_digest": config_digest(cfg)}
+    return {"config": flat_config(cfg), "config_digest": resume_digest(cfg)}
 
 
 _ABSENT = "(absent)"
@@ -207,7 +192,7 @@ def check_config(path: Path, state: dict[str, Any], cfg: RunConfig
     def differs(k: str) -> bool:
         return saved.get(k, _ABSENT) != now.get(k, _ABSENT)
 
-    if state.get("config_digest") != config_digest(cfg):
+    if state.get("config_digest") != resume_digest(cfg):
         changed = [k for k in keys if differs(k) and not may_change(k)]
         listed = ", ".join(f"{k} {saved.get(k, _ABSENT)!r} -> {now.get(k, _ABSENT)!r}"
                            for k in changed[:6]) or "keys this version cannot name"
@@ -321,7 +306,7 @@ def why_write_failed(path: Path, err: BaseException) -> str:
             return "No space left on device (free some space, then resume the run)"
     except OSError:
         pass
-    return _first_line(err)
+    return describe(err)
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError, RunConfig
+from ..errors import first_line
 from ..methods.inject import resolve_targets
 from ..tasks import TASKS
 
@@ -41,7 +42,7 @@ def read_model_config(path: str) -> Any:
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as err:  # no folder, no config.json, not in the cache
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        first = first_line(err)[:200]
         raise ConfigError(f"could not read the config of model {path!r} ({first}); set "
                           "model.name_or_path to a folder holding config.json, or a hub id "
                           "whose config is cached") from None

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig, load_config
+from ..config import RunConfig, flatten, load_config
+from ..config import digest as config_hash
 from ..methods.registry import METHODS, comparable_config, config_digest
 from ..rundir.layout import CONFIG, EVAL, STATUS, SUMMARY
 from ..rundir.owner import owner_alive, read_heartbeat
@@ -144,15 +145,6 @@ def _config(path: Path) -> tuple[RunConfig | None, dict[str, Any]]:
         return None, raw if isinstance(raw, dict) else {}
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(data, dict):
-        return {prefix: data}
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
 def load_run(path: Path, eval_name: str | None = None) -> Run | str:
     """A finished run, or the reason it is left out. ``eval_name``: show the metrics of
     ``eval/<eval_name>.json`` (written by ``adalora eval``) instead of the training's."""
@@ -182,7 +174,7 @@ def load_run(path: Path, eval_name: str | None = None) -> Run | str:
     cfg, raw = _config(path)
     level = summary.budget_level
     if level is None:  # a summary older than the field: the level the sweep put in the config
-        level = cfg.sweep.budget_level if cfg is not None else _flat(raw).get(
+        level = cfg.sweep.budget_level if cfg is not None else flatten(raw).get(
             "sweep.budget_level")
     params = (summary.final_adapter_params if summary.final_adapter_params is not None
               else summary.adapter_params)
@@ -195,9 +187,9 @@ def load_run(path: Path, eval_name: str | None = None) -> Run | str:
     if cfg is not None:  # recomputed, so runs of every version compare by one definition
         identity, digest = comparable_config(cfg), config_digest(cfg)
     else:
-        identity = {k: v for k, v in _flat(raw).items() if k != "train.seed"
+        identity = {k: v for k, v in flatten(raw).items() if k != "train.seed"
                     and not k.startswith("sweep.")}
-        digest = summary.config_digest or json.dumps(identity, sort_keys=True, default=str)
+        digest = summary.config_digest or config_hash(identity)
     train = cfg.train if cfg is not None else None
     epochs = summary.epochs or (None if train is None or train.max_steps else train.epochs)
     return Run(path, task, method, summary.seed, level, _size(summary, cfg, level),

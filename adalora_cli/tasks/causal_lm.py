@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, RunConfig
+from ..errors import first_line
 from . import data as rawdata
 from . import eval_order
 from .base import TaskData
@@ -66,7 +67,7 @@ class CausalLMTask:
             model = from_pretrained(AutoModelForCausalLM, path, dtype)
         except ValueError as err:  # transformers: no causal-LM class for this config
             raise ConfigError(f"model {path} ({config.model_type}) has no causal language "
-                              f"model head ({str(err).splitlines()[0][:120]}); use a "
+                              f"model head ({first_line(err)[:120]}); use a "
                               "decoder-only checkpoint") from None
         return model, AutoTokenizer.from_pretrained(path)
 
