@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..config import ConfigError
-from .local import Outcome
+from .runs import Outcome
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def run_sweep(req: SweepRequest, out: Console, err: Console) -> int:
     the exit code: 1 when a run failed or was preempted (rerunning the sweep resumes it)."""
     from . import plan as sweeps
     from .launch import make_launcher
-    from .local import describe
+    from .runs import describe
 
     launcher = make_launcher(req.launcher, req.slurm, req.jobs, req.wait, req.resubmit)
     spec = sweeps.build_spec(req.source, req.budget, req.methods, req.seeds, req.overrides)

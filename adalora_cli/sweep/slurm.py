@@ -24,8 +24,8 @@ from pathlib import Path
 from ..config import ConfigError
 from ..rundir.layout import SUBMITIT_DIR
 from ..rundir.owner import identity
-from .local import Outcome, SweepLog, write_manifest
 from .plan import PlannedRun, SweepSpec
+from .runs import Outcome, SweepLog, write_manifest
 from .slurm_job import TrainJob
 from .slurm_options import SlurmOptions, executor_parameters
 from .status import (

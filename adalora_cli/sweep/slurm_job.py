@@ -27,14 +27,14 @@ from pathlib import Path
 from ..errors import EXIT_BUSY, EXIT_PREEMPTED
 from ..rundir.owner import PARENT_ENV
 from ..rundir.run import is_finished
-from .local import (
+from .plan import PlannedRun
+from .runs import (
     SweepLog,
-    _last_error,
     claim_launch,
     clear_empty,
+    last_error,
     release_launch,
 )
-from .plan import PlannedRun
 
 
 class RunFailed(RuntimeError):
@@ -145,7 +145,7 @@ class TrainJob:
         if code == EXIT_PREEMPTED:  # the scheduler signalled the training process itself
             log.event(self.run.name, "preempted", seconds=seconds, job=_job_id())
             return {"status": "preempted", "seconds": seconds}
-        error = f"exit {code}: {_last_error(self.sweep_dir / 'logs' / f'{self.run.name}.log')}"
+        error = f"exit {code}: {last_error(self.sweep_dir / 'logs' / f'{self.run.name}.log')}"
         log.event(self.run.name, "failed", seconds=seconds, error=error, job=_job_id())
         raise RunFailed(f"{self.run.name}: {error}")
 

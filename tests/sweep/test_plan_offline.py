@@ -16,8 +16,8 @@ from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, load_config
 from adalora_cli.engine.build import dry_run, resolve_resources
 from adalora_cli.engine.skeleton import count_adapted
-from adalora_cli.sweep.local import write_manifest
 from adalora_cli.sweep.plan import build_spec, plan
+from adalora_cli.sweep.runs import write_manifest
 
 runner = CliRunner()
 
