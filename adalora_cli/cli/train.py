@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..rundir.layout import SUMMARY
 from .boundary import boundary, note, out, quiet_libraries, rank0
 
 
@@ -86,7 +87,7 @@ def _print_final_budget(console: Console, info: dict) -> None:
 
 
 def print_result(path: Path) -> None:
-    summary = json.loads((path / "summary.json").read_text())
+    summary = json.loads((path / SUMMARY).read_text())
     console = out()
     for split, metrics in summary["metrics"].items():
         shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())

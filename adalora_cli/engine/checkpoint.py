@@ -33,6 +33,8 @@ from safetensors.torch import load_file, save_file
 
 from ..config import RESUMABLE_KEYS, ConfigError, RunConfig, digest, flatten
 from ..errors import describe
+from ..rundir.layout import CHECKPOINT_STATE as STATE
+from ..rundir.layout import CHECKPOINT_TENSORS as TENSORS
 from ..rundir.layout import CHECKPOINTS
 from ..rundir.run import follow_umask
 from . import faults
@@ -40,8 +42,6 @@ from . import faults
 if TYPE_CHECKING:  # annotations only: reading a checkpoint needs no model code
     from .step import Stepper
 
-TENSORS = "trainable.safetensors"
-STATE = "state.pt"
 FORMAT = 2
 """2: per-rank RNG states, the config and its digest, stream rows."""
 

@@ -31,6 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import threads
 from ..errors import EXIT_BUSY, EXIT_PREEMPTED, SweepStopped, warning
+from ..rundir.layout import SWEEP_LOGS
 from ..rundir.owner import PARENT_ENV
 from ..rundir.run import RunDir, is_finished
 from .plan import PlannedRun, SweepSpec
@@ -79,7 +80,7 @@ class _Job:
     def __init__(self, run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
                  resume: bool):
         self.run, self.gpu, self.start = run, gpu, time.perf_counter()
-        self.log = sweep_dir / "logs" / f"{run.name}.log"
+        self.log = sweep_dir / SWEEP_LOGS / f"{run.name}.log"
         self.run_dir = sweep_dir / run.name
         train = [sys.executable, "-m", "adalora_cli", "train"]
         # no --quiet: off a terminal the run prints plain progress lines into its log
@@ -149,7 +150,7 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
             quiet: bool = False) -> list[Outcome]:
     """Run the plan; returns one outcome per planned run. Failures never stop the others."""
     console = Console(stderr=True)
-    (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (sweep_dir / SWEEP_LOGS).mkdir(parents=True, exist_ok=True)
     write_manifest(spec, runs, sweep_dir)
     log = SweepLog(sweep_dir)
     todo, outcomes = [], []

@@ -25,13 +25,13 @@ from torch.utils.data import Dataset
 
 from ..config import ConfigError, RunConfig
 from ..errors import first_line
+from ..rundir.layout import PREDICTIONS_JSONL
 from . import data as rawdata
 from . import eval_order
 from .base import TaskData
 from .causal_lm_data import LABEL_PAD, encode_row, pack, pad_left, pad_right, row_shape
 from .pretrained import from_pretrained
 
-PREDICTIONS = "predictions.jsonl"
 SPLITS = ("train", "validation")
 PREDICT_TOKENS = 64
 """``adalora predict``'s generation length when the run's task.max_new_tokens is 0."""
@@ -197,7 +197,7 @@ class CausalLMTask:
         """``predictions.jsonl`` when evaluation generated (task.max_new_tokens > 0)."""
         if not self.predictions:
             return []
-        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS, self.predictions)
+        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS_JSONL, self.predictions)
 
     # ---------------------------------------------------------------- predict
 

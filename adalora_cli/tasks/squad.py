@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, RunConfig
 from ..errors import first_line
+from ..rundir.layout import PREDICTIONS, split_predictions
 from . import data as rawdata
 from . import eval_order, squad_postprocess, squad_scoring
 from .base import TaskData
@@ -43,7 +44,6 @@ from .squad_features import QAExample, QAFeatures, build_features
 
 COLUMNS = ("id", "context", "question", "answers")
 """Flat columns the task reads (``title`` is optional)."""
-PREDICTIONS = "predictions.json"
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ class SquadTask:
         when there are several: ``predictions_<split>.json``)."""
         written = []
         for split, predictions in self.predictions.items():
-            name = PREDICTIONS if len(self.predictions) == 1 else f"predictions_{split}.json"
+            name = PREDICTIONS if len(self.predictions) == 1 else split_predictions(split)
             path = Path(run_dir) / name
             path.write_text(json.dumps(predictions, indent=1, ensure_ascii=False) + "\n",
                             encoding="utf-8")

@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, RunConfig
+from ..rundir.layout import PREDICTIONS_JSONL
 from . import bbc_news, eval_order
 from . import data as rawdata
 from .base import TaskData
@@ -47,7 +48,6 @@ from .pretrained import from_pretrained
 # imported where they are used, so a run that never builds a warm start or scores ROUGE
 # does not load them.
 
-PREDICTIONS = "predictions.jsonl"
 LABEL_PAD = -100
 """Label id that cross-entropy ignores (PyTorch's default ``ignore_index``)."""
 SPLITS = ("train", "validation")
@@ -287,7 +287,7 @@ class SummarizationTask:
 
     def save_predictions(self, run_dir: Path) -> list[Path]:
         """``predictions.jsonl``: one JSON object per evaluated example."""
-        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS, self.predictions)
+        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS_JSONL, self.predictions)
 
 
 def summarization_task(cfg: RunConfig) -> SummarizationTask:
