@@ -24,6 +24,7 @@ from ..config import ConfigError, RunConfig, dump_config
 from ..errors import Preempted, RunBusy, first_line, warning
 from ..rundir.layout import CONFIG
 from ..rundir.run import RunDir, default_run_dir, write_text_atomic
+from ..rundir.summary import Summary
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults
@@ -121,7 +122,7 @@ class Silent:
     def record_resume(self, changes, lost=None) -> None: ...
     def fail(self, error: str) -> None: ...
     def preempt(self, reason: str, step: int) -> None: ...
-    def finish(self, summary: dict[str, Any]) -> None: ...
+    def finish(self, summary: Summary | None) -> None: ...
 
 
 def _on_rank0(w: World, claim: Callable[[], RunDir]) -> RunDir | Silent:
@@ -158,7 +159,7 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
     try:
         trackers = open_trackers(built.cfg, run.path, resumed=resumed, main=w.main)
         summary = _loop(built, run, stop, quiet or not w.main, latest, trackers, w)
-        trackers.log_summary(summary)  # marks the tracker runs finished on close
+        trackers.log_summary(summary.to_dict() if summary else {})  # finished on close
     except BaseException as err:
         if isinstance(err, Preempted):
             run.preempt(str(err), step=err.step)
@@ -181,7 +182,8 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
 
 
 def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
-          latest: Path | None, trackers: Trackers, w: World) -> dict[str, Any]:
+          latest: Path | None, trackers: Trackers, w: World) -> Summary | None:
+    """The run's summary (None on ranks other than 0, which write nothing)."""
     cfg, model, data, handle, steps = built.cfg, built.model, built.data, built.handle, built.steps
     t_cfg, device = cfg.train, built.device
     model.to(device)
@@ -277,18 +279,15 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                 results = _evaluate(built, stepper, pos.step, logger, w)
         except Preempted:
             raise stopped(stop.received) from None
-        if w.main and hasattr(built.task, "save_predictions"):  # e.g. SQuAD's answers
+        if w.main:  # e.g. SQuAD's answers; a task without predictions writes nothing
             built.task.save_predictions(run.path)
 
     if not w.main:
-        return {}
+        return None
 
     # epochs actually run (fractional under max_steps): the report's time per epoch
     epochs = steps / math.ceil(len(loader) / t_cfg.grad_accum)
-    summary = write_outputs(built, run, results, train_seconds, epochs)
-    summary["data"] = data.info  # split sizes and sources: what T was computed from
-    summary["checkpoint_bytes"] = pos.checkpoint_bytes
-    return summary
+    return write_outputs(built, run, results, train_seconds, epochs, pos.checkpoint_bytes)
 
 
 def _heartbeat(run: RunDir | Silent, w: World):

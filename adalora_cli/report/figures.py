@@ -149,7 +149,8 @@ def budget_curves(tables: list[Table], out: Path) -> list[Path]:
                     ax.xaxis.set_minor_formatter(NullFormatter())
                 ax.xaxis.set_major_formatter(FuncFormatter(_short_params))
                 ax.set_xlabel("# Params (adapter; AdaLoRA after pruning)")
-                ax.set_ylabel(f"{col.title} {col.label}")
+                better = "lower" if col.lower_is_better else "higher"
+                ax.set_ylabel(f"{col.title} {col.label} ({better} is better)")
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=7)
             fig.suptitle(f"{cols[0].title}: mean ± std over seeds", fontsize=10)

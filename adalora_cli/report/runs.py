@@ -25,7 +25,7 @@ from ..rundir.layout import CONFIG, EVAL, STATUS, SUMMARY
 from ..rundir.owner import owner_alive, read_heartbeat
 from ..rundir.run import RunDir
 from ..rundir.summary import Summary, TaskReport, read_summary
-from ..tasks.columns import task_report
+from ..tasks.columns import task_report, with_directions
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class Column:
     task: str
     title: str
     label: str
+    lower_is_better: bool = False
+    """A loss or a perplexity: the lowest mean is the best."""
 
 
 @dataclass
@@ -99,7 +101,8 @@ def column_values(task: str, report: TaskReport, metrics: dict) -> dict[Column, 
             found["corr"] = (found["pearson"] + found["spearman"]) / 2
         value = found.get(spec.metric)
         ok = isinstance(value, (int, float)) and math.isfinite(value)
-        out[Column(f"{task}:{spec.label}", task, report.title, spec.label)] = (
+        out[Column(f"{task}:{spec.label}", task, report.title, spec.label,
+                   bool(spec.lower_is_better))] = (
             float(value) * spec.scale if ok else None)
     return out
 
@@ -178,8 +181,8 @@ def load_run(path: Path, eval_name: str | None = None) -> Run | str:
             "sweep.budget_level")
     params = (summary.final_adapter_params if summary.final_adapter_params is not None
               else summary.adapter_params)
-    report = (summary.report if summary.report is not None and eval_name is None
-              else task_report(task, summary.metrics))
+    report = with_directions(summary.report if summary.report is not None and eval_name is None
+                             else task_report(task, summary.metrics))
     values = {col.key: v for col, v in column_values(task, report, summary.metrics).items()
               if v is not None}
     if not values:

@@ -109,11 +109,17 @@ class Table:
     and size."""
 
     def best(self, key: str) -> float | None:
-        """The highest mean of a column (every metric here is higher-is-better)."""
+        """The best mean of a column: the highest, or the lowest for a loss or a perplexity
+        (the task's columns say which, ``tasks/columns.py``)."""
         values = [r.all_ave if key == ALL_AVE else (r.cells[key].mean if key in r.cells else None)
                   for r in self.rows]
         values = [v for v in values if v is not None]
-        return max(values) if values else None
+        if not values:
+            return None
+        return min(values) if self.lower_is_better(key) else max(values)
+
+    def lower_is_better(self, key: str) -> bool:
+        return any(c.key == key and c.lower_is_better for c in self.columns)
 
 
 def _row_order(row: Row) -> tuple:
@@ -236,8 +242,10 @@ def build_tables(runs: list[Run]) -> list[Table]:
                 title_of = run.report.title if run.report else task
                 labels.setdefault(task, [c.label for c in run.report.columns]
                                   if run.report else [])
+                lower = {c.label for c in run.report.columns if c.lower_is_better} \
+                    if run.report else set()
                 for key in run.values:
-                    columns.setdefault(key, _column(key, title_of))
+                    columns.setdefault(key, _column(key, title_of, lower))
         cols = sorted(columns.values(), key=lambda c: (task_order.index(c.task),
                                                        _label_order(c, labels)))
         rows: dict[tuple, Row] = {}
@@ -258,9 +266,9 @@ def build_tables(runs: list[Run]) -> list[Table]:
     return tables
 
 
-def _column(key: str, title: str) -> Column:
+def _column(key: str, title: str, lower: set[str]) -> Column:
     task, _, label = key.partition(":")
-    return Column(key, task, title, label)
+    return Column(key, task, title, label, label in lower)
 
 
 def _label_order(col: Column, labels: dict[str, list[str]]) -> int:

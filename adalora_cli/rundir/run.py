@@ -35,6 +35,7 @@ from .layout import (
     SUMMARY,
     WEIGHTS,
 )
+from .summary import Summary
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """A full disk, a full quota, or the file size limit (``ulimit -f``)."""
@@ -317,9 +318,9 @@ class RunDir:
         write_json_atomic(path, data)
         return path
 
-    def finish(self, summary: dict[str, Any]) -> None:
+    def finish(self, summary: Summary) -> None:
         self.close()
-        self.write_json(SUMMARY, summary)
+        self.write_json(SUMMARY, summary.to_dict())
         self.set_status("finished", ended=_now())
 
 

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, GPT2Config
 
 from adalora_cli.artifacts.merged import merge_into_base
 from adalora_cli.artifacts.peft import write_peft
+from adalora_cli.rundir.summary import Summary
 from adalora_cli.methods import apply_method
 from adalora_cli.methods.adalora import SVDLinear
 from adalora_cli.rundir.layout import ALLOCATOR_STATE
@@ -70,7 +71,7 @@ def test_peft_loads_the_conv1d_adapter(gpt2_dir: Path, tmp_path: Path, method: s
     assert (ours - plain).abs().max() > 1e-2  # the adapter really moves the logits
     out = tmp_path / "peft"
     out.mkdir()
-    info = write_peft(run_dir, model, None, cfg, {}, out)
+    info = write_peft(run_dir, model, None, cfg, Summary(task="causal_lm", method=method), out)
     assert info["task_type"] == "CAUSAL_LM"
     loaded = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(gpt2_dir),
                                             out).eval()

@@ -8,6 +8,7 @@ import pytest
 
 from adalora_cli.config import ConfigError, RunConfig, load_config
 from adalora_cli.errors import RunBusy
+from adalora_cli.rundir.summary import Summary
 from adalora_cli.rundir.run import RunDir, default_run_dir, is_finished, read_metrics
 
 
@@ -44,11 +45,12 @@ def test_finish_writes_summary_and_metrics_lines(tmp_path):
     run.log({"step": 1, "loss": 0.5, "lr": 1e-3})
     run.log({"step": 1, "split": "validation", "accuracy": 0.75})
     run.log_ranks(1, {"a": 2, "b": 0})
-    run.finish({"task": "rte"})
+    run.finish(Summary(task="rte", method="lora"))
     assert is_finished(run.path)
     assert read_metrics(run.path) == [{"step": 1, "loss": 0.5, "lr": 1e-3},
                                       {"step": 1, "split": "validation", "accuracy": 0.75}]
-    assert json.loads((run.path / "summary.json").read_text()) == {"task": "rte"}
+    assert json.loads((run.path / "summary.json").read_text()) == \
+        Summary(task="rte", method="lora").to_dict()
     history = (run.path / "rank_history.jsonl").read_text().splitlines()
     assert json.loads(history[0]) == {"step": 1, "ranks": {"a": 2, "b": 0}}
 
