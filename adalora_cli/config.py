@@ -25,6 +25,29 @@ class ConfigError(ValueError):
     """A config problem, phrased as one line that names the problem and the fix."""
 
 
+# --------------------------------------------------------------------------- checks
+# Each section checks itself in __post_init__ (as PEFT's and litgpt's configs do), so a bad
+# value is refused however the section is made: loaded, overridden or dataclasses.replace'd.
+# Checks that need data (the schedule against T) happen when the method is built.
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def _check_finite(obj: Any, prefix: str) -> None:
+    """inf or nan in any number field is a typo, never a setting."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}.{f.name} must be a finite number, got {value}")
+
+
+def _check_dropout(value: float, key: str) -> None:
+    _check(0.0 <= value < 1.0, f"{key} must lie in [0, 1), got {value}")
+
+
 @dataclass(frozen=True)
 class TaskConfig:
     """What to learn and where the data comes from."""
@@ -91,6 +114,10 @@ class TaskConfig:
     every prompt and scores exact match and ROUGE-L; 0 scores loss and perplexity only.
     ``adalora predict`` generates up to this many tokens (64 when 0)."""
 
+    def __post_init__(self) -> None:
+        _check_finite(self, "task")
+        _check(self.max_length >= 8, f"task.max_length must be >= 8, got {self.max_length}")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -143,6 +170,18 @@ class AdaLoRAConfig:
     prune: bool = True
     """False keeps every triplet (the SVD-LoRA ablation of Table 6)."""
 
+    def __post_init__(self) -> None:
+        _check_finite(self, "adalora")
+        _check(self.init_rank >= 1, f"adalora.init_rank must be >= 1, got {self.init_rank}")
+        _check(self.budget >= 0, f"adalora.budget must be >= 0, got {self.budget}")
+        _check(self.delta_t >= 1, f"adalora.delta_t must be >= 1, got {self.delta_t}")
+        _check(self.t_init >= 0 and self.t_final >= 0, "adalora.t_init and adalora.t_final "
+               f"must be >= 0, got {self.t_init} and {self.t_final}")
+        for name, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
+            _check(0.0 < beta < 1.0, f"adalora.{name} must lie in (0, 1), got {beta}")
+        _check(self.gamma >= 0, f"adalora.gamma must be >= 0, got {self.gamma}")
+        _check_dropout(self.dropout, "adalora.dropout")
+
 
 @dataclass(frozen=True)
 class LoRAConfig:
@@ -158,6 +197,12 @@ class LoRAConfig:
     """True prunes LoRA doublets with AdaLoRA's scores and schedule (prune-LoRA, Table 5);
     the budget, schedule and score come from the adalora section."""
 
+    def __post_init__(self) -> None:
+        _check_finite(self, "lora")
+        _check(self.r >= 1, f"lora.r must be >= 1, got {self.r}")
+        _check(self.gamma >= 0, f"lora.gamma must be >= 0, got {self.gamma}")
+        _check_dropout(self.dropout, "lora.dropout")
+
 
 @dataclass(frozen=True)
 class AdapterConfig:
@@ -165,6 +210,11 @@ class AdapterConfig:
     """Bottleneck width d of the Houlsby / Pfeiffer adapters."""
     dropout: float = 0.0
     """Dropout inside the adapter, after the activation."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "adapter")
+        _check(self.dim >= 1, f"adapter.dim must be >= 1, got {self.dim}")
+        _check_dropout(self.dropout, "adapter.dropout")
 
 
 @dataclass(frozen=True)
@@ -212,6 +262,38 @@ class TrainConfig:
     (same examples per step, fewer padded tokens; a CPU speed-up, see engine/split.py);
     1 keeps the batch whole. Between 1 and batch_size."""
 
+    def __post_init__(self) -> None:
+        _check_finite(self, "train")
+        _check(self.learning_rate > 0,
+               f"train.learning_rate must be > 0, got {self.learning_rate}")
+        _check(self.batch_size >= 1, f"train.batch_size must be >= 1, got {self.batch_size}")
+        _check(self.grad_accum >= 1, f"train.grad_accum must be >= 1, got {self.grad_accum}")
+        _check(1 <= self.length_split <= self.batch_size,
+               "train.length_split must lie between 1 and train.batch_size "
+               f"({self.batch_size}), got {self.length_split}")
+        _check(self.epochs > 0 or self.max_steps,
+               "train.epochs must be > 0 (or set train.max_steps)")
+        _check(self.max_steps is None or self.max_steps >= 1,
+               f"train.max_steps must be >= 1 when set, got {self.max_steps}")
+        _check(self.eval_every is None or self.eval_every >= 1,
+               "train.eval_every must be >= 1 when set")
+        _check(self.log_every >= 1, f"train.log_every must be >= 1, got {self.log_every}")
+        _check(self.save_every >= 0, "train.save_every must be >= 0 (0: only at the end), "
+               f"got {self.save_every}")
+        # checked here, before a run directory exists: otherwise they surface only at the
+        # first evaluation (eval_batch_size), when the optimizer is built (weight_decay), or
+        # never, silently meaning something else (a negative warm-up or clipping norm)
+        _check(self.eval_batch_size >= 1,
+               f"train.eval_batch_size must be >= 1, got {self.eval_batch_size}")
+        _check(self.weight_decay >= 0,
+               f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        _check(self.warmup_steps >= 0,
+               f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _check(self.max_grad_norm >= 0, "train.max_grad_norm must be >= 0 (0 disables "
+               f"clipping), got {self.max_grad_norm}")
+        _check(self.keep_checkpoints >= 1,
+               f"train.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+
 
 @dataclass(frozen=True)
 class SweepMeta:
@@ -251,6 +333,14 @@ class LogConfig:
     mask event only when this many seconds have passed since the last one, and always at
     the end; 0 draws one at every mask event."""
 
+    def __post_init__(self) -> None:
+        _check_finite(self, "log")
+        # trackers: each named once, heatmap uploads at most this often
+        _check(len(set(self.to)) == len(self.to),
+               f"log.to names a tracker twice ({self.to}); list each once")
+        _check(self.heatmap_every_s >= 0,
+               f"log.heatmap_every_s must be >= 0, got {self.heatmap_every_s}")
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -266,73 +356,6 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
-
-
-def _check_finite(obj: Any, prefix: str) -> None:
-    """inf or nan in any number field is a typo, never a setting."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        path = f"{prefix}.{f.name}" if prefix else f.name
-        if dataclasses.is_dataclass(value):
-            _check_finite(value, path)
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{path} must be a finite number, got {value}")
-
-
-def validate(cfg: RunConfig) -> None:
-    """Checks that need no data. The schedule against T is checked when the method is built."""
-    _check_finite(cfg, "")
-    a, lo, t = cfg.adalora, cfg.lora, cfg.train
-    _check(a.init_rank >= 1, f"adalora.init_rank must be >= 1, got {a.init_rank}")
-    _check(a.budget >= 0, f"adalora.budget must be >= 0, got {a.budget}")
-    _check(a.delta_t >= 1, f"adalora.delta_t must be >= 1, got {a.delta_t}")
-    _check(a.t_init >= 0 and a.t_final >= 0,
-           f"adalora.t_init and adalora.t_final must be >= 0, got {a.t_init} and {a.t_final}")
-    for name, beta in (("beta1", a.beta1), ("beta2", a.beta2)):
-        _check(0.0 < beta < 1.0, f"adalora.{name} must lie in (0, 1), got {beta}")
-    _check(a.gamma >= 0 and lo.gamma >= 0, "adalora.gamma and lora.gamma must be >= 0")
-    _check(lo.r >= 1, f"lora.r must be >= 1, got {lo.r}")
-    _check(cfg.adapter.dim >= 1, f"adapter.dim must be >= 1, got {cfg.adapter.dim}")
-    for name, p in (("adalora.dropout", a.dropout), ("lora.dropout", lo.dropout),
-                    ("adapter.dropout", cfg.adapter.dropout)):
-        _check(0.0 <= p < 1.0, f"{name} must lie in [0, 1), got {p}")
-    _check(t.learning_rate > 0, f"train.learning_rate must be > 0, got {t.learning_rate}")
-    _check(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
-    _check(t.grad_accum >= 1, f"train.grad_accum must be >= 1, got {t.grad_accum}")
-    _check(1 <= t.length_split <= t.batch_size,
-           f"train.length_split must lie between 1 and train.batch_size ({t.batch_size}), "
-           f"got {t.length_split}")
-    _check(t.epochs > 0 or t.max_steps, "train.epochs must be > 0 (or set train.max_steps)")
-    _check(t.max_steps is None or t.max_steps >= 1,
-           f"train.max_steps must be >= 1 when set, got {t.max_steps}")
-    _check(t.eval_every is None or t.eval_every >= 1, "train.eval_every must be >= 1 when set")
-    _check(t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}")
-    _check(t.save_every >= 0, f"train.save_every must be >= 0 (0: only at the end), got "
-                              f"{t.save_every}")
-    # checked here, before a run directory exists: otherwise they surface only at the
-    # first evaluation (eval_batch_size), when the optimizer is built (weight_decay), or
-    # never, silently meaning something else (a negative warm-up or clipping norm)
-    _check(t.eval_batch_size >= 1, f"train.eval_batch_size must be >= 1, got {t.eval_batch_size}")
-    _check(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
-    _check(t.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
-    _check(t.max_grad_norm >= 0,
-           f"train.max_grad_norm must be >= 0 (0 disables clipping), got {t.max_grad_norm}")
-    _check(t.keep_checkpoints >= 1,
-           f"train.keep_checkpoints must be >= 1, got {t.keep_checkpoints}")
-    _check(cfg.task.max_length >= 8, f"task.max_length must be >= 8, got {cfg.task.max_length}")
-    # trackers: each named once, heatmap uploads at most this often
-    _check(len(set(cfg.log.to)) == len(cfg.log.to),
-           f"log.to names a tracker twice ({cfg.log.to}); list each once")
-    _check(cfg.log.heatmap_every_s >= 0,
-           f"log.heatmap_every_s must be >= 0, got {cfg.log.heatmap_every_s}")
 
 
 # --------------------------------------------------------------------------- loading
@@ -447,9 +470,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:
-    cfg = _build(RunConfig, data, "")
-    validate(cfg)
-    return cfg
+    """A checked config from nested sections (each section checks itself as it is made)."""
+    return _build(RunConfig, data, "")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

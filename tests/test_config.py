@@ -101,3 +101,22 @@ def test_bad_values_give_one_line_errors(override, fragment):
         load_config(ROOT / "configs" / "glue" / "rte.yaml", [override])
     assert fragment in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_each_section_checks_itself_however_it_is_made():
+    """The checks live in each section's __post_init__: a section made in code, or changed
+    with dataclasses.replace, is refused like a loaded one."""
+    import dataclasses
+
+    from adalora_cli.config import AdaLoRAConfig, LoRAConfig, LogConfig, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"^lora.r must be >= 1, got 0$"):
+        LoRAConfig(r=0)
+    with pytest.raises(ConfigError, match=r"train.length_split must lie between 1 and "
+                                          r"train.batch_size \(32\), got 64"):
+        dataclasses.replace(TrainConfig(), length_split=64)
+    with pytest.raises(ConfigError, match=r"^adalora.alpha must be a finite number, got nan$"):
+        AdaLoRAConfig(alpha=float("nan"))
+    with pytest.raises(ConfigError, match="log.to names a tracker twice"):
+        LogConfig(to=["wandb", "wandb"])
+    assert TrainConfig(batch_size=4, length_split=4).length_split == 4  # the edge is allowed
