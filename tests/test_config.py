@@ -108,7 +108,7 @@ def test_each_section_checks_itself_however_it_is_made():
     with dataclasses.replace, is refused like a loaded one."""
     import dataclasses
 
-    from adalora_cli.config import AdaLoRAConfig, LoRAConfig, LogConfig, TrainConfig
+    from adalora_cli.config import AdaLoRAConfig, LogConfig, LoRAConfig, TrainConfig
 
     with pytest.raises(ConfigError, match=r"^lora.r must be >= 1, got 0$"):
         LoRAConfig(r=0)

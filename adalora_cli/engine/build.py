@@ -22,9 +22,8 @@ from huggingface_hub.utils import HFValidationError
 from .. import resources
 from ..config import ConfigError, RunConfig
 from ..errors import first_line
-from ..methods import apply_method, parameter_table
+from ..methods import apply_method
 from ..methods.base import MethodHandle
-from ..methods.budget_params import budget_info
 from ..methods.registry import check_method
 from ..tasks import get_task
 from ..tasks.base import Task, TaskData
@@ -105,43 +104,6 @@ def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
         raise ConfigError(
             f"could not load model {name!r} ({first_line(err)}); "
             "set model.name_or_path to a local folder or check the network") from None
-
-
-@contextlib.contextmanager
-def weightless_loading():
-    """Inside: every transformers ``from_pretrained`` builds its model from ``config.json``
-    alone, and everything is created on the meta device (shapes and dtypes, no storage), so
-    a 7B-shaped model costs nothing; a folder without a tokenizer gives ``None``.
-
-    A dry run only counts parameters, and a task builds its model the way it builds it for
-    training (the right head, a warm start), so the loading is intercepted here rather than
-    taught to every task family."""
-    from transformers import AutoTokenizer, PretrainedConfig, PreTrainedModel
-
-    real_model = PreTrainedModel.__dict__["from_pretrained"]
-    real_tokenizer = AutoTokenizer.__dict__["from_pretrained"]
-
-    def from_config_only(cls, name, *args, config=None, **kwargs):
-        if not isinstance(config, PretrainedConfig):
-            config, kwargs = cls.config_class.from_pretrained(
-                config or name, return_unused_kwargs=True, **kwargs)
-        dtype = kwargs.get("dtype") or kwargs.get("torch_dtype")
-        return cls._from_config(config, **({"dtype": dtype} if dtype else {}))
-
-    def tokenizer_if_any(cls, *args, **kwargs):
-        try:
-            return real_tokenizer.__func__(cls, *args, **kwargs)
-        except (OSError, ValueError):  # a config-only folder: nothing needs a tokenizer
-            return None
-
-    PreTrainedModel.from_pretrained = classmethod(from_config_only)
-    AutoTokenizer.from_pretrained = classmethod(tokenizer_if_any)
-    try:
-        with torch.device("meta"):
-            yield
-    finally:
-        PreTrainedModel.from_pretrained = real_model
-        AutoTokenizer.from_pretrained = real_tokenizer
 
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -239,25 +201,3 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     if cfg.train.gradient_checkpointing:
         enable_checkpointing(model)
     return Built(cfg, task, model, tokenizer, data, handle, steps, device)
-
-
-def dry_run(cfg: RunConfig) -> dict[str, Any]:
-    """Build model and method on the meta device, train nothing; the per-module table plus
-    the totals. Only ``config.json`` is read, so a 7B-shaped config takes seconds."""
-    cfg = resolve_resources(cfg)
-    check_method(cfg)
-    with weightless_loading():
-        model, _ = load_model(get_task(cfg), cfg, torch.float32)
-        handle = apply_method(model, cfg, None)
-    table = parameter_table(model)
-    info = {
-        "adapter_params": handle.adapter_params,
-        "head_params": handle.head_params,
-        "n_matrices": handle.n_matrices,
-        "trainable_params": sum(p.numel() for p in handle.trainable),
-        "total_params": sum(p.numel() for p in model.parameters()),
-        "method": cfg.method.name,
-        "model": cfg.model.name_or_path,
-    }
-    info.update(budget_info(cfg, handle))  # AdaLoRA: what trains at r0 vs what b(T) keeps
-    return {"table": table, "info": info}

@@ -38,7 +38,7 @@ class TrainOutcome:
     run_dir: Path | None = None
     """The run directory this process trained (one process, or a torchrun rank)."""
     dry_run: dict[str, Any] | None = None
-    """``build.dry_run``'s per-module table and totals."""
+    """``dryrun.dry_run``'s per-module table and totals."""
     exit_code: int | None = None
     """``--nproc N``: the first failing rank's exit code, 0 when all finished."""
 
@@ -67,7 +67,7 @@ def run_train(req: TrainRequest, note=lambda text: None) -> TrainOutcome:
                               "--resume RUN_DIR")
         cfg = load_config(req.config, extra)
         if req.dry_run:
-            from .build import dry_run
+            from .dryrun import dry_run
 
             return TrainOutcome(dry_run=dry_run(cfg))
     if req.nproc != 1:

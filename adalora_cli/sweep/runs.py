@@ -142,7 +142,7 @@ def describe(runs: list[PlannedRun], sweep_dir: Path) -> list[dict]:
     """What ``--dry-run`` lists: each run, its size, parameter counts and what would happen.
 
     Counts come from an in-process dry run, cached across seeds (they never change them)."""
-    from ..engine.build import dry_run
+    from ..engine.dryrun import dry_run
 
     cache: dict[tuple, dict] = {}
     action = {"finished": "skip (finished)", "running": "skip (running elsewhere)",

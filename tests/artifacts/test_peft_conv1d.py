@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM, GPT2Config
 
 from adalora_cli.artifacts.merged import merge_into_base
 from adalora_cli.artifacts.peft import write_peft
-from adalora_cli.rundir.summary import Summary
 from adalora_cli.methods import apply_method
 from adalora_cli.methods.adalora import SVDLinear
 from adalora_cli.rundir.layout import ALLOCATOR_STATE
+from adalora_cli.rundir.summary import Summary
 from tests.methods._tiny import run_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:The following rank_pattern keys")

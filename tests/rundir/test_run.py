@@ -8,8 +8,8 @@ import pytest
 
 from adalora_cli.config import ConfigError, RunConfig, load_config
 from adalora_cli.errors import RunBusy
-from adalora_cli.rundir.summary import Summary
 from adalora_cli.rundir.run import RunDir, default_run_dir, is_finished, read_metrics
+from adalora_cli.rundir.summary import Summary
 
 
 def test_create_writes_config_and_running_status(tmp_path):

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, load_config
-from adalora_cli.engine.build import dry_run, resolve_resources
+from adalora_cli.engine.build import resolve_resources
+from adalora_cli.engine.dryrun import dry_run
 from adalora_cli.engine.skeleton import count_adapted
 from adalora_cli.sweep.plan import build_spec, plan
 from adalora_cli.sweep.runs import write_manifest
