@@ -152,11 +152,11 @@ def describe(runs: list[PlannedRun], sweep_dir: Path) -> list[dict]:
         key = (run.config, tuple(o for o in run.overrides
                                  if not o.startswith(("train.seed=", "sweep."))))
         if key not in cache:
-            cache[key] = dry_run(load_config(run.config, list(run.overrides)))["info"]
-        info = cache[key]
+            cache[key] = dry_run(load_config(run.config, list(run.overrides)))
+        counted = cache[key]
         rows.append({"run": run.name, "method": run.method, "budget_level": run.budget_level,
                      "size": run.size, "seed": run.seed,
-                     "adapter_params": info["adapter_params"],
-                     "trainable_params": info["trainable_params"],
+                     "adapter_params": counted.adapter_params,
+                     "trainable_params": counted.trainable_params,
                      "action": action[run_state(sweep_dir / run.name)]})
     return rows
