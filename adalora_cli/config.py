@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -143,8 +143,14 @@ class MethodConfig:
 
 @dataclass(frozen=True)
 class AdaLoRAConfig:
-    budget: int = 144
-    """b(T): total rank (number of unmasked singular values) kept at the end."""
+    budget: int | None = 144
+    """b(T): total rank (number of unmasked singular values) kept at the end; null when
+    ``target_rank`` states it instead."""
+    target_rank: float | None = None
+    """b(T) as a mean final rank per adapted matrix, b(T) / n (PEFT's ``target_r``): when
+    set, b(T) = round(target_rank * n) for the n matrices this model adapts, so one config
+    means the same on a 16- or a 32-layer model; ``budget`` is then not read (set one of
+    the two). The run directory's config.yaml records the b(T) it came to."""
     init_rank: int = 4
     """r0: initial rank of every adapted matrix; b0 = n * r0."""
     alpha: float = 32.0
@@ -170,10 +176,31 @@ class AdaLoRAConfig:
     prune: bool = True
     """False keeps every triplet (the SVD-LoRA ablation of Table 6)."""
 
+    def final_budget(self, n: int) -> int:
+        """b(T) over ``n`` adapted matrices: ``budget``, or ``target_rank`` x n rounded
+        half up (at least 1)."""
+        if self.target_rank is None:
+            return int(self.budget)  # not None: __post_init__ asks for one of the two
+        return max(1, math.floor(self.target_rank * n + 0.5))
+
+    def resolved(self, n: int) -> AdaLoRAConfig:
+        """This section with b(T) written out as ``budget`` for ``n`` matrices."""
+        if self.target_rank is None:
+            return self
+        return dataclasses.replace(self, budget=self.final_budget(n), target_rank=None)
+
+    EXCLUSIVE: ClassVar = (("budget", "target_rank"),)
+    """Keys of which a config may set only one (checked as a config is read)."""
+
     def __post_init__(self) -> None:
         _check_finite(self, "adalora")
         _check(self.init_rank >= 1, f"adalora.init_rank must be >= 1, got {self.init_rank}")
-        _check(self.budget >= 0, f"adalora.budget must be >= 0, got {self.budget}")
+        _check(self.budget is not None or self.target_rank is not None,
+               "adalora.budget is null but adalora.target_rank is not set; give one of them")
+        _check(self.budget is None or self.budget >= 0,
+               f"adalora.budget must be >= 0, got {self.budget}")
+        _check(self.target_rank is None or self.target_rank > 0,
+               f"adalora.target_rank must be > 0 when set, got {self.target_rank}")
         _check(self.delta_t >= 1, f"adalora.delta_t must be >= 1, got {self.delta_t}")
         _check(self.t_init >= 0 and self.t_final >= 0, "adalora.t_init and adalora.t_final "
                f"must be >= 0, got {self.t_init} and {self.t_final}")
@@ -357,6 +384,11 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def with_final_budget(self, n: int) -> RunConfig:
+        """This config with b(T) written out for ``n`` adapted matrices (``adalora.budget``
+        in place of ``adalora.target_rank``): what a run directory records."""
+        return dataclasses.replace(self, adalora=self.adalora.resolved(n))
+
 
 # --------------------------------------------------------------------------- loading
 
@@ -458,6 +490,10 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         raise ConfigError(
             f"unknown config key {where}{unknown[0]}; valid keys here: {', '.join(sorted(names))}"
         )
+    for first, second in getattr(cls, "EXCLUSIVE", ()):
+        if data.get(first) is not None and data.get(second) is not None:
+            raise ConfigError(f"{prefix}.{first} and {prefix}.{second} are both set; keep one "
+                              f"({prefix}.{first}=null or {prefix}.{second}=null)")
     kwargs = {}
     for name, value in data.items():
         path = f"{prefix}.{name}" if prefix else name

@@ -120,3 +120,28 @@ def test_each_section_checks_itself_however_it_is_made():
     with pytest.raises(ConfigError, match="log.to names a tracker twice"):
         LogConfig(to=["wandb", "wandb"])
     assert TrainConfig(batch_size=4, length_split=4).length_split == 4  # the edge is allowed
+
+
+def test_target_rank_states_the_budget_as_a_mean_rank():
+    """adalora.target_rank: b(T) = round(target_rank * n) for the model's n matrices; a
+    config may set it or adalora.budget, not both (an override of one on a config with the
+    other is refused, naming both and the null that resolves it)."""
+    from adalora_cli.config import AdaLoRAConfig
+
+    assert AdaLoRAConfig(target_rank=8).final_budget(112) == 896  # Llama 3.2 1B: 16 x 7
+    assert AdaLoRAConfig(target_rank=8).final_budget(182) == 1456  # Gemma 2 2B: 26 x 7
+    assert AdaLoRAConfig(target_rank=1.5).final_budget(5) == 8  # 7.5 rounds half up
+    assert AdaLoRAConfig(budget=50).final_budget(112) == 50  # without it: budget as given
+    resolved = AdaLoRAConfig(target_rank=2).resolved(14)
+    assert (resolved.budget, resolved.target_rank) == (28, None)
+    smoke = ROOT / "configs" / "smoke" / "causal_lm.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(smoke, ["adalora.budget=28"])
+    assert str(info.value) == ("adalora.budget and adalora.target_rank are both set; keep "
+                               "one (adalora.budget=null or adalora.target_rank=null)")
+    assert load_config(smoke, ["adalora.budget=28", "adalora.target_rank=null"]
+                       ).adalora.final_budget(14) == 28
+    with pytest.raises(ConfigError, match="target_rank must be > 0"):
+        AdaLoRAConfig(target_rank=0)
+    with pytest.raises(ConfigError, match="adalora.budget is null but adalora.target_rank"):
+        AdaLoRAConfig(budget=None)

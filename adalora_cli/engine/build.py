@@ -196,6 +196,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
+    cfg = cfg.with_final_budget(handle.n_matrices)  # adalora.target_rank -> its b(T)
     trained_in_fp32(handle.trainable)
     cast_frozen(model, dtype)
     if cfg.train.gradient_checkpointing:

@@ -190,10 +190,13 @@ def check_config(path: Path, state: dict[str, Any], cfg: RunConfig
     keys = sorted(set(saved) | set(now))
 
     def differs(k: str) -> bool:
-        return saved.get(k, _ABSENT) != now.get(k, _ABSENT)
+        before, after = saved.get(k, _ABSENT), now.get(k, _ABSENT)
+        # a key added to the config since the checkpoint was written, unset (None), leaves
+        # the run what it was: an upgrade must not strand a checkpoint
+        return before != after and not (before == _ABSENT and after is None)
 
-    if state.get("config_digest") != resume_digest(cfg):
-        changed = [k for k in keys if differs(k) and not may_change(k)]
+    changed = [k for k in keys if differs(k) and not may_change(k)]
+    if state.get("config_digest") != resume_digest(cfg) and (changed or not saved):
         listed = ", ".join(f"{k} {saved.get(k, _ABSENT)!r} -> {now.get(k, _ABSENT)!r}"
                            for k in changed[:6]) or "keys this version cannot name"
         raise ConfigError(

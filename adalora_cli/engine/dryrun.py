@@ -115,6 +115,7 @@ def dry_run(cfg: RunConfig) -> DryRun:
     with weightless_loading():
         model, _ = load_model(get_task(cfg), cfg, torch.float32)
         handle = apply_method(model, cfg, None)
+    cfg = cfg.with_final_budget(handle.n_matrices)  # adalora.target_rank -> its b(T)
     kept = budget_info(cfg, handle)  # AdaLoRA: what trains at r0 vs what b(T) keeps
     budget = None
     if kept:

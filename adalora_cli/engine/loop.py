@@ -62,7 +62,9 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
         built = build_run(cfg, w)  # every user error is raised here, before anything is written
         init(w, built.device.type)
         try:
-            run = _on_rank0(w, lambda: RunDir.create(run_dir or default_run_dir(cfg), cfg))
+            # built.cfg: b(T) written out when the config gave adalora.target_rank
+            run = _on_rank0(w, lambda: RunDir.create(run_dir or default_run_dir(cfg),
+                                                     built.cfg))
             return _own(built, run, stop, quiet, None, resumed=False, w=w)
         finally:
             shutdown()
