@@ -59,8 +59,9 @@ def _setting_name(method: str, level: int | None, size: str,
 
 
 def mean_rank_pattern(patterns: list[dict[str, float]]) -> dict[str, float]:
-    """Per matrix, the mean final rank over the seeds whose pattern has that matrix."""
-    keys = sorted({k for p in patterns for k in p})
+    """Per matrix, the mean final rank over the seeds whose pattern has that matrix, in the
+    patterns' order (the model's, which the heatmap's rows follow)."""
+    keys = list(dict.fromkeys(k for p in patterns for k in p))
     return {k: statistics.fmean(p[k] for p in patterns if k in p) for k in keys}
 
 
