@@ -21,7 +21,16 @@ from typing import Any
 from ..config import RunConfig, flatten, load_config
 from ..config import digest as config_hash
 from ..methods.registry import METHODS, comparable_config, config_digest
-from ..rundir.layout import CONFIG, EVAL, STATUS, SUMMARY
+from ..rundir.layout import (
+    CHECKPOINTS,
+    CONFIG,
+    EVAL,
+    FULL_MODEL,
+    STATUS,
+    SUMMARY,
+    TENSORBOARD_DIR,
+    WANDB_DIR,
+)
 from ..rundir.owner import owner_alive, read_heartbeat
 from ..rundir.run import RunDir
 from ..rundir.summary import Summary, TaskReport, read_summary
@@ -75,18 +84,34 @@ class Run:
 # --------------------------------------------------------------------------- reading
 
 
+RUN_FOLDERS = {FULL_MODEL, CHECKPOINTS, EVAL, TENSORBOARD_DIR, WANDB_DIR}
+"""A run's own subfolders: never searched for runs."""
+
+
 def find_run_dirs(paths: list[Path]) -> list[Path]:
-    """Every directory holding a status.json or summary.json, at any depth; a run's own
-    subfolders (e.g. model/ of a full fine-tune) are not searched."""
+    """Every directory holding a status.json or summary.json, at any depth. Inside a run
+    directory its own subfolders (``model/`` of a full fine-tune, ``checkpoints/`` ...)
+    are not searched, but any other folder is: runs placed inside a run (a sweep started
+    in a run's directory) are found, not hidden behind it."""
     found = []
     for root in paths:
         for dirpath, dirnames, filenames in os.walk(root):
-            if STATUS in filenames or SUMMARY in filenames:
+            is_run = STATUS in filenames or SUMMARY in filenames
+            if is_run:
                 found.append(Path(dirpath))
-                dirnames[:] = []
-            else:
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
+                                 and not (is_run and d in RUN_FOLDERS))
     return sorted(found)
+
+
+def nested_runs(found: list[Path]) -> list[tuple[Path, int]]:
+    """Runs that hold other runs inside their folder, and how many: worth a warning."""
+    out = []
+    for outer in found:
+        inner = sum(1 for p in found if p != outer and outer in p.parents)
+        if inner:
+            out.append((outer, inner))
+    return out
 
 
 def column_values(task: str, report: TaskReport, metrics: dict) -> dict[Column, float | None]:

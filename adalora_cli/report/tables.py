@@ -26,7 +26,7 @@ from pathlib import Path
 from ..methods.registry import METHODS
 from ..tasks.columns import REPORTS
 from .paper import ALL_AVE, TRAINING_COST, published
-from .runs import Column, Run, load_runs
+from .runs import Column, Run, load_runs, nested_runs
 
 FAMILIES = {"glue": "GLUE (paper Table 1)", "squad": "SQuAD (paper Table 2)",
             "summarization": "Summarization (paper Table 3)", "other": "Other tasks"}
@@ -409,8 +409,12 @@ def keep_min_seeds(runs: list[Run], minimum: int) -> tuple[list[Run], list[str]]
 def build_report(paths: list[Path], show_paper: bool = False,
                  eval_name: str | None = None, min_seeds: int = 1) -> Report:
     runs, skipped = load_runs(paths, eval_name)
+    inside = [f"{outer} is a run directory holding {n} other run{'s' * (n != 1)} in its "
+              "folder; they are reported as runs of their own (keep a sweep's runs out of "
+              "run directories: --sweep-dir)"
+              for outer, n in nested_runs([r.path for r in runs] + [p for p, _ in skipped])]
     runs, duplicates = dedupe_seeds(runs)
     runs, left_out = keep_min_seeds(runs, min_seeds)
     tables = build_tables(runs)
     return Report(tables, compare_to_lora(tables), training_cost(runs), runs, skipped,
-                  duplicates + left_out, show_paper)
+                  inside + duplicates + left_out, show_paper)

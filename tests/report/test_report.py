@@ -283,6 +283,19 @@ def test_duplicate_seed_is_reported(runs):
     assert len(notes) == 1 and "seed 0" in notes[0]
 
 
+def test_runs_inside_a_run_directory_are_found_and_named(runs):
+    """`train --run-dir X` and then a sweep into X: the report used to stop at X and show
+    one row. Runs in the run's own folders (model/, checkpoints/, eval/) are not runs."""
+    outer = runs / "rte-bitfit-s0"
+    make_run(outer, "rte-lora-s7", "rte", "lora", 7, acc(0.70), 144, params=800)
+    make_run(outer / "checkpoints", "step-0000001", "rte", "lora", 9, acc(0.1), 144)
+    report = build_report([outer])
+    assert sorted(r.path.name for r in report.runs) == ["rte-bitfit-s0", "rte-lora-s7"]
+    assert report.notes == [f"{outer} is a run directory holding 1 other run in its folder; "
+                            "they are reported as runs of their own (keep a sweep's runs out "
+                            "of run directories: --sweep-dir)"]
+
+
 def test_figures_are_pngs(runs, tmp_path):
     out = tmp_path / "fig"
     paths, warnings = write_figures(build_report([runs]), out)
