@@ -38,6 +38,10 @@ SHORT_KEYS = {"train.learning_rate": "lr", "train.max_steps": "steps",
               "train.grad_accum": "accum", "train.weight_decay": "wd"}
 """Column names of config keys that tell rows apart; any other key is shown by its full
 dotted name."""
+SIZE_KEYS = frozenset({key for spec in METHODS.values()
+                       for key, _ in spec.size_keys + spec.unmatched_size_keys}
+                      | {"adalora.target_rank"})
+"""Keys a row's size already shows (in its name, or as b(T)): never a column of their own."""
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -182,7 +186,8 @@ def _key_order(key: str) -> tuple:
 
 def differing_keys(runs: list[Run]) -> list[str]:
     """Config keys in which runs of one task differ, among the keys all of them have (so a
-    method's own section never counts; its size is in the row's name). Runs of one row and
+    method's own section never counts; its size is in the row's name or b(T), so the keys
+    that set it never do either). Runs of one row and
     task share their config, so these are what tell rows apart besides method and size,
     e.g. a learning rate tuned per method."""
     keys: set[str] = set()
@@ -191,6 +196,7 @@ def differing_keys(runs: list[Run]) -> list[str]:
         by_task.setdefault(run.task, []).append(run)
     for same_task in by_task.values():
         common = set.intersection(*(set(r.config) for r in same_task)) - {"method.name"}
+        common -= SIZE_KEYS  # rows at two budget levels differ in them by construction
         keys |= {k for k in common
                  if len({show_value(r.config.get(k)) for r in same_task}) > 1}
     return sorted(keys, key=_key_order)

@@ -353,3 +353,18 @@ def test_unfinished_runs_say_whether_they_live(tmp_path):
     (stopped / "status.json").write_text(json.dumps({"status": "preempted", "step": 7}))
     assert load_run(stopped) == (f"preempted at step 7; resume with adalora train --resume "
                                  f"{stopped}")
+
+
+def test_size_keys_are_never_extra_columns(tmp_path):
+    """AdaLoRA alone at two budget levels differs in adalora.budget and init_rank; b(T) and
+    the row's size say so already. A key that really differs within a task still shows."""
+    for level, r0 in ((12, 2), (24, 4)):
+        for seed in (0, 1):
+            make_run(tmp_path, f"a{level}s{seed}", "sst2", "adalora", seed, acc(0.5), level,
+                     size={"adalora": {"init_rank": r0}})
+    (table,) = build_report([tmp_path]).tables
+    assert table.differs == []
+    make_run(tmp_path, "lr", "sst2", "adalora", 0, acc(0.5), 12,
+             size={"adalora": {"init_rank": 2}, "train": {"learning_rate": 0.01}})
+    (table,) = build_report([tmp_path]).tables
+    assert table.differs == ["train.learning_rate"]
