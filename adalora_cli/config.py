@@ -267,6 +267,10 @@ class TrainConfig:
     eval_batch_size: int = 64
     eval_every: int | None = None
     """Evaluate every N optimizer steps as well as at the end."""
+    eval_at_start: bool = False
+    """Also evaluate before the first optimizer step (step 0 in metrics.jsonl): the
+    pretrained model with its fresh task head, since every method starts as the identity
+    (Delta W = 0) - the number to beat. A resumed run does not evaluate it again."""
     log_every: int = 1
     """Write a training row to metrics.jsonl every N optimizer steps."""
     save_weights: bool = True

@@ -36,11 +36,13 @@ from ..errors import (
 
 
 def out() -> Console:  # made per call so redirected or captured streams are honoured
-    return Console()
+    # soft_wrap: a line longer than the (80-column, off a terminal) width is never broken,
+    # so a log never splits "accuracy 0.4375" across two lines
+    return Console(soft_wrap=True)
 
 
 def err() -> Console:
-    return Console(stderr=True)
+    return Console(stderr=True, soft_wrap=True)
 
 
 def rank0() -> bool:

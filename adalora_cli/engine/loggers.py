@@ -60,6 +60,7 @@ class RunLogger:
     def evaluated(self, step: int, split: str, metrics: dict[str, float]) -> None:
         self.files.log({"step": step, "split": split, **metrics})
         self.trackers.log_eval(step, split, metrics)
+        self.progress.scores(step, split, metrics)
 
     def evaluations_done(self) -> None:
         self.progress.note("")

@@ -244,6 +244,12 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         beat.step = pos.step
         if pos.eval_pending:  # a resumed run whose last evaluation was cut short
             boundary(eval_due=True)
+        elif t_cfg.eval_at_start and pos.step == 0 and latest is None:
+            try:  # nothing to checkpoint yet: a stop here leaves a run to start over
+                with stop.immediate():
+                    _evaluate(built, stepper, 0, logger, w)
+            except Preempted:
+                raise stopped(stop.received) from None
         while pos.step < steps:
             if pos.epoch_start is None:  # a fresh epoch (not one being resumed)
                 pos.epoch_start, pos.consumed = generator.get_state(), 0

@@ -59,6 +59,22 @@ REPORTS: dict[str, TaskReport] = {
 """Task name -> its report; order = the paper's column order."""
 
 
+COUNTS = ("total",)
+"""Metric names ending so are counts (SQuAD v2's HasAns_total): printed as integers."""
+
+
+def metrics_line(metrics: dict[str, float]) -> str:
+    """One split's scores as the CLI prints them: ``accuracy 0.4375  f1 0.5000``, counts
+    as whole numbers (``HasAns_total 16``)."""
+    def shown(name: str, value: float | None) -> str:
+        if value is None:  # not a number (e.g. Pearson of a constant), stored as null
+            return f"{name} n/a"
+        if name.endswith(COUNTS) and float(value).is_integer():
+            return f"{name} {int(value)}"
+        return f"{name} {value:.4f}"
+    return "  ".join(shown(k, v) for k, v in metrics.items())
+
+
 def with_directions(report: TaskReport) -> TaskReport:
     """``report`` with every column's direction known: a summary written before columns
     recorded one says None, which means lower-is-better only for a loss or a perplexity."""
