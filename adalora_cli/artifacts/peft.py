@@ -237,4 +237,5 @@ def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
     return {"adapter_params": adapter_params, "adapter_params_at_r0": r0_params,
             "head_params": sum(t.numel() for k, t in tensors.items()
                                if k.removeprefix(PREFIX).split(".", 1)[0] in heads),
-            "bytes": (out / WEIGHTS_FILE).stat().st_size, "task_type": config["task_type"]}
+            "bytes": (out / WEIGHTS_FILE).stat().st_size, "task_type": config["task_type"],
+            "peft_type": config["peft_type"]}

@@ -368,3 +368,14 @@ def test_size_keys_are_never_extra_columns(tmp_path):
              size={"adalora": {"init_rank": 2}, "train": {"learning_rate": 0.01}})
     (table,) = build_report([tmp_path]).tables
     assert table.differs == ["train.learning_rate"]
+
+
+def test_a_report_written_with_out_is_printed_too(runs, tmp_path):
+    """--out writes the files and still shows the report: the first text format asked for
+    goes to stdout (the same text as the file), the list of files to stderr."""
+    out = tmp_path / "report"
+    result = runner.invoke(app, ["report", str(runs), "--format", "markdown,csv", "--out",
+                                 str(out), "--no-figures"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (out / "report.md").read_text() + "\n"
+    assert "wrote 3 files" in result.stderr
