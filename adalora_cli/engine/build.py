@@ -90,6 +90,22 @@ def _looks_local(name: str) -> bool:
     return str(parent) not in ("", ".") and parent.is_dir()
 
 
+def check_model_folder(name: str) -> None:
+    """A local model folder must hold a transformers checkpoint (``config.json``); one with
+    only a GGUF file (llama.cpp's format) or nothing of the kind is a one-line error."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return
+    gguf = sorted(p.name for p in folder.glob("*.gguf"))
+    if gguf:
+        raise ConfigError(f"model folder {name} holds {gguf[0]} but no config.json: a GGUF "
+                          "file is llama.cpp's format, which training does not load; set "
+                          "model.name_or_path to the Hugging Face checkpoint (config.json and "
+                          "safetensors) it was converted from, e.g. its hub id")
+    raise ConfigError(f"model folder {name} has no config.json; set model.name_or_path to a "
+                      "checkpoint folder (config.json, weights, tokenizer) or a hub id")
+
+
 def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
     """The task's pretrained model, its weights in ``dtype`` whatever dtype the checkpoint
     was stored in (tasks/pretrained.py), and its tokenizer; a missing model is a one-line
@@ -98,6 +114,7 @@ def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
     if _looks_local(name) and not Path(name).expanduser().exists():
         raise ConfigError(f"model folder {name} does not exist; set model.name_or_path to a "
                           "local model folder or a hub id")
+    check_model_folder(name)
     try:
         return task.build_model(dtype=dtype)
     except (OSError, HFValidationError) as err:  # missing folder, unknown or unreachable hub id

@@ -28,6 +28,9 @@ def read_model_config(path: str) -> Any:
     """The checkpoint's ``config.json`` (local folder, or the hub cache); nothing else."""
     from transformers import AutoConfig
 
+    from .build import check_model_folder
+
+    check_model_folder(path)
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as err:  # no folder, no config.json, not in the cache
