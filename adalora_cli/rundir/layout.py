@@ -7,7 +7,8 @@ Layout (all names fixed, so reports can rely on them)::
     config.yaml         resolved config
     status.json         {"status": running|preempted|failed|finished, owner, ...}; failed
                         runs carry the error
-    heartbeat.json      a live run's last step and time, rewritten every 30 s
+    heartbeat.json      a live run's last step and time, rewritten every 30 s; removed
+                        when the run ends (finished, preempted or failed)
     checkpoints/step-N/ the training state to resume from (kept while a run is unfinished):
                         trainable.safetensors and state.pt
     metrics.jsonl       one JSON object per line: training rows and eval rows

@@ -24,6 +24,7 @@ from ..config import ConfigError, RunConfig, dump_config
 from ..errors import RunBusy
 from .layout import (
     CONFIG,
+    HEARTBEAT,
     HEATMAP,
     LAUNCH,
     LOCK,
@@ -200,6 +201,7 @@ class RunDir:
             self.set_status("failed", error=error, ended=_now())
         except OSError:
             self._write_status_small({"status": "failed", "error": error[:200]})
+        self._ended()
 
     def _write_status_small(self, data: dict[str, Any]) -> None:
         """The last resort on a full disk: overwrite status.json in place, within the
@@ -217,6 +219,7 @@ class RunDir:
     def preempt(self, reason: str, step: int) -> None:
         self.close(quiet=True)
         self.set_status("preempted", reason=reason, step=step, ended=_now())
+        self._ended()
 
     def record_resume(self, changes: dict[str, list[Any]], lost: str | None = None) -> None:
         """Note in status.json what this attempt resumed with that the checkpoint did not:
@@ -322,6 +325,15 @@ class RunDir:
         self.close()
         self.write_json(SUMMARY, summary.to_dict())
         self.set_status("finished", ended=_now())
+        self._ended()
+
+    def _ended(self) -> None:
+        """The heartbeat says a live run's step; once status.json says how the run ended,
+        it would only be stale (a resume writes a new one)."""
+        try:
+            (self.path / HEARTBEAT).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def is_finished(path: str | Path) -> bool:

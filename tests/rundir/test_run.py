@@ -60,3 +60,23 @@ def test_default_run_dirs_are_distinct(tmp_path):
     first.mkdir(parents=True)
     second = default_run_dir(RunConfig(), tmp_path)
     assert first != second and first.name.startswith("rte-adalora-s42-")
+
+
+@pytest.mark.parametrize("end", ["finish", "preempt", "fail"])
+def test_the_heartbeat_goes_when_the_run_ends(tmp_path, end):
+    """heartbeat.json is a live run's step; once status.json says how the run ended it is
+    removed, however it ended."""
+    from adalora_cli.rundir.owner import Heartbeat
+
+    run = RunDir.create(tmp_path / "r", RunConfig())
+    with Heartbeat(run.path) as beat:
+        beat.step = 3
+        beat.beat()
+    assert json.loads((run.path / "heartbeat.json").read_text())["step"] == 3
+    {"finish": lambda: run.finish(Summary(task="rte", method="lora")),
+     "preempt": lambda: run.preempt("stopped by SIGTERM", step=3),
+     "fail": lambda: run.fail("RuntimeError: boom")}[end]()
+    assert not (run.path / "heartbeat.json").exists()
+    assert RunDir.read_status(run.path)["status"] == {"finish": "finished",
+                                                     "preempt": "preempted",
+                                                     "fail": "failed"}[end]
