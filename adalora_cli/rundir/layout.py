@@ -78,3 +78,5 @@ SWEEP_LOGS = "logs"
 SWEEP_MANIFEST = "sweep.yaml"
 SLURM_RECORDS = "slurm_jobs.json"
 SUBMITIT_DIR = "slurm"
+SWEEP_FILES = (SWEEP_LOG, SWEEP_MANIFEST, SWEEP_LOGS, SLURM_RECORDS, SUBMITIT_DIR)
+"""The names of a sweep directory; every other name here belongs to a run directory."""
