@@ -138,7 +138,8 @@ class MethodConfig:
     (like task.name, which the task registry checks)."""
     target_modules: list[str] | None = None
     """Linear modules to adapt, matched as a suffix of the module path; None = the
-    defaults for the model type (DeBERTa-v2/v3, BERT, BART: every attention and FFN matrix)."""
+    model type's defaults: every attention and FFN matrix of every layer, for each model
+    type of ``adalora_cli/methods/targets.py`` (docs/own-model.md#which-models)."""
 
 
 @dataclass(frozen=True)
