@@ -9,7 +9,8 @@ A family is a module of ``adalora_cli.tasks`` (``FAMILIES``); each has a smoke c
   so n is the same; ``predict_rows`` gives every row the family's fields;
 - through the CLI (e2e): ``train``, ``train --dry-run``, ``sweep --budget --dry-run``, a
   real 2-run ``sweep`` (AdaLoRA and LoRA at b(T) = n, mean rank 1), ``sweep --status``,
-  ``report``, ``export --format peft`` and ``merged``, ``eval`` and ``predict``. Each works,
+  ``report``, ``export --format peft`` and ``merged`` (of the sweep's AdaLoRA run),
+  ``eval`` and ``predict`` (of the trained run). Each works,
   or refuses in one ``error:`` line (exit 2) where the combination has no meaning: a BERT
   warm-started into BART has no base PEFT can rebuild.
 
@@ -142,8 +143,10 @@ def test_every_command(family, smoke_runs, tmp_path):
     report = ok(invoke("report", sweep, "--format", "markdown"), "report")
     check_best(report, family)
 
-    # export: PEFT where PEFT can rebuild the base, merged always
-    peft = invoke("export", run, tmp_path / "peft", "--format", "peft")
+    # export the sweep's AdaLoRA run: PEFT where PEFT can rebuild the base, merged always
+    swept = sweep / f"{source.stem}-adalora-b{n}-s0"
+    assert read_summary(swept).final_budget == n  # b(T) = n: mean final rank 1
+    peft = invoke("export", swept, tmp_path / "peft", "--format", "peft")
     if family in NO_PEFT_BASE:
         assert peft.exit_code == 2 and one_error_line(peft).endswith("use --format merged")
         assert not (tmp_path / "peft").exists()
@@ -151,7 +154,8 @@ def test_every_command(family, smoke_runs, tmp_path):
         ok(peft, "export --format peft")
         written = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
         assert Path(written["base_model_name_or_path"]).is_absolute()  # a local base
-    ok(invoke("export", run, tmp_path / "merged", "--format", "merged"), "export merged")
+        assert written["peft_type"] == "ADALORA" and written["target_r"] == 1
+    ok(invoke("export", swept, tmp_path / "merged", "--format", "merged"), "export merged")
     assert (tmp_path / "merged" / "config.json").is_file()
 
     # eval (writes into the run: on a copy) scores what training scored
