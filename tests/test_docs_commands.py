@@ -352,15 +352,15 @@ def _repo_file(obj) -> str:
 def test_the_add_a_method_checklist_names_exactly_the_files_the_code_needs():
     """The code files it names are the method's module plus the files a method must be
     written into: the layer base, the config sections, the registry and the PEFT writers;
-    and the registry holds the promises: a section checks itself, a PEFT type has a
-    writer, the README has a row."""
-    from adalora_cli.artifacts.peft import WRITERS
+    and the code holds the promises: a section checks itself, a PEFT writer is keyed by
+    one of our layer classes, the README has a row."""
+    from adalora_cli.artifacts.peft import WRITERS, pick_writer
     from adalora_cli.config import RunConfig
     from adalora_cli.methods.base import LinearWrapper
     from adalora_cli.methods.registry import METHODS
 
     needed = {_repo_file(LinearWrapper), _repo_file(RunConfig),
-              _repo_file(METHODS["lora"].size_label), _repo_file(WRITERS["LORA"].write),
+              _repo_file(METHODS["lora"].size_label), _repo_file(pick_writer),
               "adalora_cli/methods/<name>.py", "tests/methods/"}
     assert _checklist_paths("Adding a method") == needed
     readme = _section(ROOT / "README.md", "Methods")
@@ -368,8 +368,8 @@ def test_the_add_a_method_checklist_names_exactly_the_files_the_code_needs():
         if spec.section:
             section = type(getattr(RunConfig(), spec.section))
             assert "__post_init__" in vars(section), (name, spec.section)
-        assert spec.peft_type is None or spec.peft_type in WRITERS, name
         assert f"| `{name}` |" in readme, name
+    assert all(issubclass(layer, LinearWrapper) for layer in WRITERS)
 
 
 def test_the_add_a_task_checklist_names_exactly_the_files_the_code_needs():
