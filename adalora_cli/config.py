@@ -151,7 +151,8 @@ class AdaLoRAConfig:
     """b(T) as a mean final rank per adapted matrix, b(T) / n (PEFT's ``target_r``): when
     set, b(T) = round(target_rank * n) for the n matrices this model adapts, so one config
     means the same on a 16- or a 32-layer model; ``budget`` is then not read (set one of
-    the two). The run directory's config.yaml records the b(T) it came to."""
+    the two; ``adalora.budget=...`` on the command line replaces a file's target_rank, and
+    the other way round). The run directory's config.yaml records the b(T) it came to."""
     init_rank: int = 4
     """r0: initial rank of every adapted matrix; b0 = n * r0."""
     alpha: float = 32.0
@@ -191,7 +192,8 @@ class AdaLoRAConfig:
         return dataclasses.replace(self, budget=self.final_budget(n), target_rank=None)
 
     EXCLUSIVE: ClassVar = (("budget", "target_rank"),)
-    """Keys of which a config may set only one (checked as a config is read)."""
+    """Keys of which a config may set only one (checked as a config is read; an override
+    of one replaces the other as the file sets it)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "adalora")
@@ -540,9 +542,25 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config, apply ``key=value`` overrides, and validate."""
-    data = apply_overrides(read_yaml(path), list(overrides or []))
-    return from_dict(data)
+    """Read a YAML config, apply ``key=value`` overrides, and validate. An override of one
+    key of an exclusive pair (``adalora.budget`` / ``adalora.target_rank``) replaces the
+    other as the file sets it: the command line wins."""
+    data = read_yaml(path)
+    _give_way(data, [item.partition("=")[0].strip() for item in overrides or []])
+    return from_dict(apply_overrides(data, list(overrides or [])))
+
+
+def _give_way(data: dict[str, Any], keys: list[str]) -> None:
+    """Drop from the file's sections the partner of an exclusive key an override sets."""
+    hints = typing.get_type_hints(RunConfig)
+    for section, hint in hints.items():
+        node = data.get(section)
+        if not isinstance(node, dict):
+            continue
+        for pair in getattr(hint, "EXCLUSIVE", ()):
+            for mine, other in (pair, pair[::-1]):
+                if f"{section}.{mine}" in keys and f"{section}.{other}" not in keys:
+                    node.pop(other, None)
 
 
 RESUMABLE_KEYS = ("train.save_every", "train.keep_checkpoints", "train.device",

@@ -134,13 +134,15 @@ def test_target_rank_states_the_budget_as_a_mean_rank():
     assert AdaLoRAConfig(budget=50).final_budget(112) == 50  # without it: budget as given
     resolved = AdaLoRAConfig(target_rank=2).resolved(14)
     assert (resolved.budget, resolved.target_rank) == (28, None)
-    smoke = ROOT / "configs" / "smoke" / "causal_lm.yaml"
-    with pytest.raises(ConfigError) as info:
-        load_config(smoke, ["adalora.budget=28"])
+    smoke = ROOT / "configs" / "smoke" / "causal_lm.yaml"  # target_rank: 2
+    # the command line wins: a budget override replaces the file's target_rank, and back
+    assert load_config(smoke, ["adalora.budget=20"]).adalora.final_budget(14) == 20
+    glue = ROOT / "configs" / "smoke" / "glue.yaml"  # budget: 16
+    assert load_config(glue, ["adalora.target_rank=3"]).adalora.final_budget(12) == 36
+    with pytest.raises(ConfigError) as info:  # both in one place: which was meant?
+        load_config(smoke, ["adalora.budget=28", "adalora.target_rank=2"])
     assert str(info.value) == ("adalora.budget and adalora.target_rank are both set; keep "
                                "one (adalora.budget=null or adalora.target_rank=null)")
-    assert load_config(smoke, ["adalora.budget=28", "adalora.target_rank=null"]
-                       ).adalora.final_budget(14) == 28
     with pytest.raises(ConfigError, match="target_rank must be > 0"):
         AdaLoRAConfig(target_rank=0)
     with pytest.raises(ConfigError, match="adalora.budget is null but adalora.target_rank"):

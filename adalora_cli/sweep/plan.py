@@ -251,15 +251,12 @@ def plan(spec: SweepSpec, n_cache: dict | None = None) -> list[PlannedRun]:
         for config in g.configs:
             n = (count_matrices(config, g.overrides, n_cache)
                  if g.budgets and any(m in SIZED for m in g.methods) else None)
-            # a config stating b(T) as a mean rank gives way to the level's b(T)
-            by_rank = bool(g.budgets) and load_config(
-                config, g.overrides).adalora.target_rank is not None
             for method in g.methods:
                 levels = g.budgets if g.budgets and method in SIZED else [None]
                 for level in levels:
+                    # a config's adalora.target_rank gives way to the level's b(T): the
+                    # budget override replaces it (config.load_config)
                     sized = size_overrides(method, level, n)
-                    if by_rank and any(o.startswith("adalora.budget=") for o in sized):
-                        sized = [*sized, "adalora.target_rank=null"]
                     for seed in g.seeds:
                         run = _planned(spec, config, stems[config], method, level, seed,
                                        sized, g.overrides, g.tag)
