@@ -234,12 +234,12 @@ def _task_order(runs: list[Run]) -> list[str]:
 
 def build_tables(runs: list[Run]) -> list[Table]:
     """The paper's tables from ``runs`` (already one run per seed; see :func:`dedupe_seeds`)."""
-    split = assign_variants(runs)
     tables = []
     for family, title in FAMILIES.items():
         mine = [r for r in runs if (r.family if r.family in FAMILIES else "other") == family]
         if not mine:
             continue
+        split = assign_variants(mine)  # this table's tasks only, not another table's
         task_order = _task_order(mine)
         columns: dict[str, Column] = {}
         labels: dict[str, list[str]] = {}
@@ -265,8 +265,7 @@ def build_tables(runs: list[Run]) -> list[Table]:
         has_ave = family == "glue" and len(tasks) > 1
         for row in rows.values():
             row.all_ave = _all_average(row, cols, tasks) if has_ave else None
-        splitting = {k for k in split if any(r.config.get(k) is not None for r in mine)}
-        differs = sorted(splitting | set(differing_keys(mine)), key=_key_order)
+        differs = sorted(split | set(differing_keys(mine)), key=_key_order)
         tables.append(Table(family, title, cols, sorted(rows.values(), key=_row_order),
                             has_ave, has_ave and len(tasks) == 8, differs))
     return tables

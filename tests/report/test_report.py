@@ -379,3 +379,17 @@ def test_a_report_written_with_out_is_printed_too(runs, tmp_path):
     assert result.exit_code == 0, result.output
     assert result.stdout == (out / "report.md").read_text() + "\n"
     assert "wrote 3 files" in result.stderr
+
+
+def test_extra_columns_come_from_the_tables_own_tasks(tmp_path):
+    """Two learning rates of AdaLoRA on a causal-LM task split its rows by lr; the GLUE
+    table, whose rows do not differ, gets no lr column from the other table's task."""
+    lm = {"validation": {"loss": 5.0, "perplexity": 148.4}}
+    for lr in (1e-3, 2e-3):
+        make_run(tmp_path, f"lm-{lr}", "causal_lm", "adalora", 0, lm, 16,
+                 size={"train": {"learning_rate": lr}})
+    make_run(tmp_path, "rte", "rte", "adalora", 0, acc(0.7), 16,
+             size={"train": {"learning_rate": 1e-3}})
+    tables = {t.family: t for t in build_report([tmp_path]).tables}
+    assert tables["other"].differs == ["train.learning_rate"]
+    assert tables["glue"].differs == []
