@@ -117,6 +117,17 @@ class TaskConfig:
     def __post_init__(self) -> None:
         _check_finite(self, "task")
         _check(self.max_length >= 8, f"task.max_length must be >= 8, got {self.max_length}")
+        # each family's own keys, checked whatever the task (the defaults all pass); checks
+        # that tie two keys of one family (SQuAD's doc_stride < max_length) are its own
+        _check(self.n_best >= 1 and self.max_answer_length >= 1,
+               f"task.n_best ({self.n_best}) and task.max_answer_length "
+               f"({self.max_answer_length}) must be >= 1; defaults are 20 and 30")
+        for key, least in (("max_target_length", 1), ("num_beams", 1),
+                           ("generation_min_length", 0), ("no_repeat_ngram_size", 0)):
+            value = getattr(self, key)
+            _check(value >= least, f"task.{key} must be >= {least}, got {value}")
+        _check(self.max_new_tokens >= 0, "task.max_new_tokens must be >= 0 (0: no "
+               f"generation), got {self.max_new_tokens}")
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,6 @@ class CausalLMTask(Task):
         self.cfg = cfg
         self.tokenizer: Any = None  # set by load_data; generation decodes with it
         self.predictions: dict[str, list[dict[str, str]]] = {}
-        if cfg.task.max_new_tokens < 0:
-            raise ConfigError(f"task.max_new_tokens must be >= 0 (0: no generation), got "
-                              f"{cfg.task.max_new_tokens}")
 
     # ---------------------------------------------------------------- model
 

@@ -145,9 +145,6 @@ class SquadTask(Task):
             raise ConfigError(f"task.doc_stride={t.doc_stride} must lie in [0, "
                               f"task.max_length={t.max_length}); set task.max_length=384 "
                               "(SQuAD's usual, with doc_stride 128) or lower task.doc_stride")
-        if t.n_best < 1 or t.max_answer_length < 1:
-            raise ConfigError(f"task.n_best ({t.n_best}) and task.max_answer_length "
-                              f"({t.max_answer_length}) must be >= 1; defaults are 20 and 30")
         self.spec, self.cfg, self.name = spec, cfg, spec.name
         self.primary_metric = "f1"
         self.predictions: dict[str, dict[str, str]] = {}

@@ -123,13 +123,7 @@ class SummarizationTask(Task):
         self.tokenizer: Any = None  # set by load_data; generation decodes with it
         # the last evaluation's rows per split: id, prediction, reference
         self.predictions: dict[str, list[dict[str, str]]] = {}
-        t = cfg.task
-        for key, value, least in (("max_target_length", t.max_target_length, 1),
-                                  ("num_beams", t.num_beams, 1),
-                                  ("generation_min_length", t.generation_min_length, 0),
-                                  ("no_repeat_ngram_size", t.no_repeat_ngram_size, 0)):
-            if value < least:
-                raise ConfigError(f"task.{key} must be >= {least}, got {value}")
+        t = cfg.task  # its keys' own ranges are checked by TaskConfig
         if self.max_new_tokens < max(1, t.generation_min_length):
             raise ConfigError(f"task.generation_max_length ({self.max_new_tokens}) must be >= 1 "
                               f"and >= task.generation_min_length ({t.generation_min_length})")
