@@ -14,7 +14,6 @@ modules or the method's hyperparameters.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -22,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
-from ..rundir.layout import SUMMARY
 from ..rundir.run import RunDir, follow_umask, is_finished
+from ..rundir.summary import Summary, read_summary
 
 FORMATS = ("peft", "merged")
 
-def check_run(run_dir: Path) -> dict[str, Any]:
+def check_run(run_dir: Path) -> Summary:
     """The summary of a finished run; anything else is a one-line ConfigError."""
     if not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} does not exist; pass a folder written "
@@ -36,7 +35,7 @@ def check_run(run_dir: Path) -> dict[str, Any]:
         status = (RunDir.read_status(run_dir) or {}).get("status", "unknown")
         raise ConfigError(f"{run_dir} is not a finished run (status: {status}); wait for it "
                           "to finish or train it again")
-    return json.loads((run_dir / SUMMARY).read_text())
+    return read_summary(run_dir)
 
 
 def check_destination(out: Path) -> None:
@@ -67,7 +66,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path) -> dict[str, Any]
         raise ConfigError(f"unknown export format {fmt!r}; use --format peft or --format merged")
     summary = check_run(run_dir)
     check_destination(out)
-    method = summary.get("method")
+    method = summary.method
     if fmt == "peft":
         from .peft import check_peft_method, write_peft
 

@@ -114,10 +114,10 @@ def _write_result(run_dir: Path, label: str, overrides: list[str],
                   metrics: dict[str, dict[str, float]], info: dict[str, Any], task) -> Path:
     folder = run_dir / EVAL_DIR
     folder.mkdir(exist_ok=True)
-    written = []
-    if hasattr(task, "save_predictions"):  # SQuAD answers, summaries: beside the scores
-        (folder / label).mkdir(exist_ok=True)
-        written = [str(p.relative_to(run_dir)) for p in task.save_predictions(folder / label)]
+    (folder / label).mkdir(exist_ok=True)  # SQuAD answers, summaries: beside the scores
+    written = [str(p.relative_to(run_dir)) for p in task.save_predictions(folder / label)]
+    if not any((folder / label).iterdir()):
+        (folder / label).rmdir()  # a task without predictions leaves no empty folder
     data = {k: v for k, v in info.items() if not k.startswith("train_")}
     result = {"name": label, "overrides": overrides, "metrics": metrics, "data": data,
               "predictions": written,

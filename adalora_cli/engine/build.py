@@ -23,9 +23,8 @@ from huggingface_hub.utils import HFValidationError
 from .. import resources
 from ..config import ConfigError, RunConfig
 from ..errors import first_line
-from ..methods import apply_method, parameter_table
+from ..methods import apply_method
 from ..methods.base import MethodHandle
-from ..methods.budget_params import budget_info
 from ..methods.registry import check_method
 from ..tasks import get_task
 from ..tasks.base import Task, TaskData
@@ -113,6 +112,22 @@ def _looks_local(name: str) -> bool:
     return str(parent) not in ("", ".") and parent.is_dir()
 
 
+def check_model_folder(name: str) -> None:
+    """A local model folder must hold a transformers checkpoint (``config.json``); one with
+    only a GGUF file (llama.cpp's format) or nothing of the kind is a one-line error."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return
+    gguf = sorted(p.name for p in folder.glob("*.gguf"))
+    if gguf:
+        raise ConfigError(f"model folder {name} holds {gguf[0]} but no config.json: a GGUF "
+                          "file is llama.cpp's format, which training does not load; set "
+                          "model.name_or_path to the Hugging Face checkpoint (config.json and "
+                          "safetensors) it was converted from, e.g. its hub id")
+    raise ConfigError(f"model folder {name} has no config.json; set model.name_or_path to a "
+                      "checkpoint folder (config.json, weights, tokenizer) or a hub id")
+
+
 def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
     """The task's pretrained model, its weights in ``dtype`` whatever dtype the checkpoint
     was stored in (tasks/pretrained.py), and its tokenizer; a missing model is a one-line
@@ -121,50 +136,13 @@ def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
     if _looks_local(name) and not Path(name).expanduser().exists():
         raise ConfigError(f"model folder {name} does not exist; set model.name_or_path to a "
                           "local model folder or a hub id")
+    check_model_folder(name)
     try:
         return task.build_model(dtype=dtype)
     except (OSError, HFValidationError) as err:  # missing folder, unknown or unreachable hub id
         raise ConfigError(
             f"could not load model {name!r} ({first_line(err)}); "
             "set model.name_or_path to a local folder or check the network") from None
-
-
-@contextlib.contextmanager
-def weightless_loading():
-    """Inside: every transformers ``from_pretrained`` builds its model from ``config.json``
-    alone, and everything is created on the meta device (shapes and dtypes, no storage), so
-    a 7B-shaped model costs nothing; a folder without a tokenizer gives ``None``.
-
-    A dry run only counts parameters, and a task builds its model the way it builds it for
-    training (the right head, a warm start), so the loading is intercepted here rather than
-    taught to every task family."""
-    from transformers import AutoTokenizer, PretrainedConfig, PreTrainedModel
-
-    real_model = PreTrainedModel.__dict__["from_pretrained"]
-    real_tokenizer = AutoTokenizer.__dict__["from_pretrained"]
-
-    def from_config_only(cls, name, *args, config=None, **kwargs):
-        if not isinstance(config, PretrainedConfig):
-            config, kwargs = cls.config_class.from_pretrained(
-                config or name, return_unused_kwargs=True, **kwargs)
-        dtype = kwargs.get("dtype") or kwargs.get("torch_dtype")
-        # by the keyword this transformers knows (torch_dtype before 4.56)
-        return cls._from_config(config, **({DTYPE_KEYWORD: dtype} if dtype else {}))
-
-    def tokenizer_if_any(cls, *args, **kwargs):
-        try:
-            return real_tokenizer.__func__(cls, *args, **kwargs)
-        except (OSError, ValueError):  # a config-only folder: nothing needs a tokenizer
-            return None
-
-    PreTrainedModel.from_pretrained = classmethod(from_config_only)
-    AutoTokenizer.from_pretrained = classmethod(tokenizer_if_any)
-    try:
-        with torch.device("meta"):
-            yield
-    finally:
-        PreTrainedModel.from_pretrained = real_model
-        AutoTokenizer.from_pretrained = real_tokenizer
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -263,6 +241,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
+    cfg = cfg.with_final_budget(handle.n_matrices)  # adalora.target_rank -> its b(T)
     trained_in_fp32(handle.trainable)
     cast_frozen(model, dtype)
     if cfg.train.gradient_checkpointing:
@@ -273,25 +252,3 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
               "only emulates bf16 (slower than fp16); train.precision=auto picks fp16 with "
               "loss scaling there", file=sys.stderr, flush=True)
     return Built(cfg, task, model, tokenizer, data, handle, steps, device, precision, dtype)
-
-
-def dry_run(cfg: RunConfig) -> dict[str, Any]:
-    """Build model and method on the meta device, train nothing; the per-module table plus
-    the totals. Only ``config.json`` is read, so a 7B-shaped config takes seconds."""
-    cfg = resolve_resources(cfg)
-    check_method(cfg)
-    with weightless_loading():
-        model, _ = load_model(get_task(cfg), cfg, torch.float32)
-        handle = apply_method(model, cfg, None)
-    table = parameter_table(model)
-    info = {
-        "adapter_params": handle.adapter_params,
-        "head_params": handle.head_params,
-        "n_matrices": handle.n_matrices,
-        "trainable_params": sum(p.numel() for p in handle.trainable),
-        "total_params": sum(p.numel() for p in model.parameters()),
-        "method": cfg.method.name,
-        "model": cfg.model.name_or_path,
-    }
-    info.update(budget_info(cfg, handle))  # AdaLoRA: what trains at r0 vs what b(T) keeps
-    return {"table": table, "info": info}

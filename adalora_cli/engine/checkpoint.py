@@ -19,8 +19,6 @@ previous one as the latest.
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import os
 import random
 import re
@@ -34,7 +32,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..config import RESUMABLE_KEYS, ConfigError, RunConfig
+from ..config import RESUMABLE_KEYS, ConfigError, RunConfig, digest, flatten
+from ..errors import describe
+from ..rundir.layout import CHECKPOINT_STATE as STATE
+from ..rundir.layout import CHECKPOINT_TENSORS as TENSORS
 from ..rundir.layout import CHECKPOINTS
 from ..rundir.run import follow_umask
 from . import faults
@@ -42,8 +43,6 @@ from . import faults
 if TYPE_CHECKING:  # annotations only: reading a checkpoint needs no model code
     from .step import Stepper
 
-TENSORS = "trainable.safetensors"
-STATE = "state.pt"
 FORMAT = 2
 """2: per-rank RNG states, the config and its digest, stream rows."""
 
@@ -148,7 +147,7 @@ def newest_readable(run_path: Path, note=lambda text: None
         try:
             _, state = load_checkpoint(path)
         except Exception as err:  # any damage: the reader's own words say which
-            bad.append(f"{path}: {_first_line(err)}")
+            bad.append(f"{path}: {describe(err)}")
             continue
         if bad:
             note(f"skipped unreadable checkpoint(s) {'; '.join(bad)}; resuming from "
@@ -160,25 +159,11 @@ def newest_readable(run_path: Path, note=lambda text: None
     return None
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 # ------------------------------------------------------------------ the run's config
 def flat_config(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
-    """{"train.learning_rate": 0.005, ...}: every leaf of the config under its dotted key."""
-    data = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
-    out: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict) and key not in ("data_files",):
-                walk(value, f"{prefix}{key}.")
-            else:
-                out[f"{prefix}{key}"] = value
-    walk(data, "")
-    return out
+    """{"train.learning_rate": 0.005, ...}: every leaf of the config under its dotted key
+    (``task.data_files`` whole, as checkpoints have always recorded it)."""
+    return flatten(cfg.to_dict() if isinstance(cfg, RunConfig) else cfg, leaves=("data_files",))
 
 
 def may_change(key: str) -> bool:
@@ -187,16 +172,16 @@ def may_change(key: str) -> bool:
     return key.startswith(RESUMABLE_KEYS) and not key.endswith(".")
 
 
-def config_digest(cfg: RunConfig | dict[str, Any]) -> str:
-    """sha256 of the config without the keys that :func:`may_change`."""
-    kept = {k: v for k, v in flat_config(cfg).items() if not may_change(k)}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+def resume_digest(cfg: RunConfig | dict[str, Any]) -> str:
+    """The digest of the config without the keys that :func:`may_change`: a resume must
+    match it (recorded as the checkpoint's ``config_digest``)."""
+    return digest({k: v for k, v in flat_config(cfg).items() if not may_change(k)})
 
 
 def config_record(cfg: RunConfig) -> dict[str, Any]:
     """What a checkpoint keeps of the config: every value, and the digest of those that
     must not change."""
-    return {"config": flat_config(cfg), "config_digest": config_digest(cfg)}
+    return {"config": flat_config(cfg), "config_digest": resume_digest(cfg)}
 
 
 _ABSENT = "(absent)"
@@ -212,10 +197,13 @@ def check_config(path: Path, state: dict[str, Any], cfg: RunConfig
     keys = sorted(set(saved) | set(now))
 
     def differs(k: str) -> bool:
-        return saved.get(k, _ABSENT) != now.get(k, _ABSENT)
+        before, after = saved.get(k, _ABSENT), now.get(k, _ABSENT)
+        # a key added to the config since the checkpoint was written, unset (None), leaves
+        # the run what it was: an upgrade must not strand a checkpoint
+        return before != after and not (before == _ABSENT and after is None)
 
-    if state.get("config_digest") != config_digest(cfg):
-        changed = [k for k in keys if differs(k) and not may_change(k)]
+    changed = [k for k in keys if differs(k) and not may_change(k)]
+    if state.get("config_digest") != resume_digest(cfg) and (changed or not saved):
         listed = ", ".join(f"{k} {saved.get(k, _ABSENT)!r} -> {now.get(k, _ABSENT)!r}"
                            for k in changed[:6]) or "keys this version cannot name"
         raise ConfigError(
@@ -367,7 +355,7 @@ def why_write_failed(path: Path, err: BaseException) -> str:
             return "No space left on device (free some space, then resume the run)"
     except OSError:
         pass
-    return _first_line(err)
+    return describe(err)
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

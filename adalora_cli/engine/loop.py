@@ -21,9 +21,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ConfigError, RunConfig, dump_config
-from ..errors import first_line
+from ..errors import Preempted, RunBusy, first_line, warning
 from ..rundir.layout import CONFIG
-from ..rundir.run import RunBusy, RunDir, default_run_dir, write_text_atomic
+from ..rundir.run import RunDir, default_run_dir, write_text_atomic
+from ..rundir.summary import Summary
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults
@@ -42,12 +43,12 @@ from .distributed import (
     shutdown,
     world,
 )
-from .loggers import RunLogger, open_trackers, warn
+from .loggers import RunLogger, open_trackers
 from .order import EpochBatches, example_lengths
 from .outputs import trained_state, write_outputs
 from .progress import TrainProgress
 from .progress import check_env as check_progress_env
-from .signals import Preempted, StopSignals
+from .signals import StopSignals
 from .split import LengthSplit
 from .step import StepLog, Stepper
 
@@ -62,7 +63,9 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
         built = build_run(cfg, w)  # every user error is raised here, before anything is written
         init(w, built.device.type)
         try:
-            run = _on_rank0(w, lambda: RunDir.create(run_dir or default_run_dir(cfg), cfg))
+            # built.cfg: b(T) written out when the config gave adalora.target_rank
+            run = _on_rank0(w, lambda: RunDir.create(run_dir or default_run_dir(cfg),
+                                                     built.cfg))
             return _own(built, run, stop, quiet, None, resumed=False, w=w)
         finally:
             shutdown()
@@ -128,7 +131,7 @@ class Silent:
     def record_resume(self, changes, lost=None, machine=None) -> None: ...
     def fail(self, error: str) -> None: ...
     def preempt(self, reason: str, step: int) -> None: ...
-    def finish(self, summary: dict[str, Any]) -> None: ...
+    def finish(self, summary: Summary | None) -> None: ...
 
 
 def _on_rank0(w: World, claim: Callable[[], RunDir]) -> RunDir | Silent:
@@ -165,10 +168,10 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
     try:
         trackers = open_trackers(built.cfg, run.path, resumed=resumed, main=w.main)
         summary = _loop(built, run, stop, quiet or not w.main, latest, trackers, w)
-        trackers.log_summary(summary)  # marks the tracker runs finished on close
+        trackers.log_summary(summary.to_dict() if summary else {})  # finished on close
     except BaseException as err:
         if isinstance(err, Preempted):
-            run.preempt(str(err), step=getattr(err, "step", None))
+            run.preempt(str(err), step=err.step)
         else:
             reason = "interrupted by the user" if isinstance(err, KeyboardInterrupt) else (
                 f"{type(err).__name__}: {first_line(err)}")
@@ -188,7 +191,8 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
 
 
 def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
-          latest: Path | None, trackers: Trackers, w: World) -> dict[str, Any]:
+          latest: Path | None, trackers: Trackers, w: World) -> Summary | None:
+    """The run's summary (None on ranks other than 0, which write nothing)."""
     cfg, model, data, handle, steps = built.cfg, built.model, built.data, built.handle, built.steps
     t_cfg, device = cfg.train, built.device
     model.to(device)
@@ -220,10 +224,9 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         pos.saved_step = pos.step
 
     def stopped(why: str | None) -> Preempted:
-        err = Preempted(f"stopped by {why or 'a signal to another process'} at step "
-                        f"{pos.step}; resume with adalora train --resume {run.path}")
-        err.step = pos.step
-        return err
+        return Preempted(f"stopped by {why or 'a signal to another process'} at step "
+                         f"{pos.step}; resume with adalora train --resume {run.path}",
+                         step=pos.step)
 
     def boundary(eval_due: bool) -> None:
         """After optimizer step ``pos.step``: evaluate, checkpoint, honour a stop."""
@@ -249,6 +252,12 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         beat.step = pos.step
         if pos.eval_pending:  # a resumed run whose last evaluation was cut short
             boundary(eval_due=True)
+        elif t_cfg.eval_at_start and pos.step == 0 and latest is None:
+            try:  # nothing to checkpoint yet: a stop here leaves a run to start over
+                with stop.immediate():
+                    _evaluate(built, stepper, 0, logger, w)
+            except Preempted:
+                raise stopped(stop.received) from None
         while pos.step < steps:
             if pos.epoch_start is None:  # a fresh epoch (not one being resumed)
                 pos.epoch_start, pos.consumed = generator.get_state(), 0
@@ -287,18 +296,16 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                 results = _evaluate(built, stepper, pos.step, logger, w)
         except Preempted:
             raise stopped(stop.received) from None
-        if w.main and hasattr(built.task, "save_predictions"):  # e.g. SQuAD's answers
+        if w.main:  # e.g. SQuAD's answers; a task without predictions writes nothing
             built.task.save_predictions(run.path)
 
     if not w.main:
-        return {}
+        return None
 
     # epochs actually run (fractional under max_steps): the report's time per epoch
     epochs = steps / math.ceil(len(loader) / t_cfg.grad_accum)
-    summary = write_outputs(built, run, results, train_seconds, epochs)
-    summary["data"] = data.info  # split sizes and sources: what T was computed from
-    summary["checkpoint_bytes"] = pos.checkpoint_bytes
-    summary["precision"] = precision_record(built, stepper)
+    summary = write_outputs(built, run, results, train_seconds, epochs, pos.checkpoint_bytes)
+    summary.precision = precision_record(built, stepper)
     return summary
 
 
@@ -383,7 +390,7 @@ def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir, w: World
     pos = ckpt.restore(state, stepper, w.rank)
     lost = run.truncate_streams(state["streams"])
     if lost:  # a log shorter than its checkpoint: cut to whole rows, said, never padded
-        warn(lost)
+        warning(lost)
         run.record_resume({}, lost)
     pos.checkpoint_bytes = _size(path)
     return pos

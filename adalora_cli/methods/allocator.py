@@ -68,7 +68,9 @@ def check_schedule(b0: int, bT: int, t_init: int, t_final: int, T: int | None) -
     if T is not None and t_init + t_final >= T:
         raise ConfigError(
             f"rank schedule does not fit: adalora.t_init={t_init} + adalora.t_final={t_final} "
-            f"= {t_init + t_final} >= T={T} optimizer steps; shorten them or train longer"
+            f"= {t_init + t_final} >= T={T} optimizer steps; shorten them, or train longer: "
+            f"set train.max_steps above {t_init + t_final} (T then no longer depends on the "
+            "data size), or more train.epochs"
         )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..config import ConfigError
+from ..errors import warning
 
 
 def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool,
@@ -43,13 +44,14 @@ def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool
 
 
 def _warn(err: Console, text: str) -> None:
-    err.print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+    warning(text, err.file)
 
 
 def emit(result, formats: list[str], out_dir: Path | None, figures: bool, out: Console,
          err: Console) -> None:
     """Rich tables on ``out``; the text formats on stdout, or as files into ``out_dir``
-    (with the figures), listed on ``err``."""
+    (with the figures), listed on ``err``. Written to files, the report is still shown:
+    the first text format asked for goes to stdout too, unless the rich tables did."""
     from . import render
 
     texts = {"markdown": ("report.md", render.render_markdown),
@@ -57,14 +59,16 @@ def emit(result, formats: list[str], out_dir: Path | None, figures: bool, out: C
              "csv": ("results.csv", render.render_csv)}
     if "rich" in formats:
         render.render_rich(result, out)
-    written = []
+    written, shown = [], False
     for name in formats:
         if name == "rich":
             continue
         filename, fn = texts[name]
-        if out_dir is None:
+        if out_dir is None or (not shown and "rich" not in formats):
             print(fn(result))
-            continue
+            shown = True
+            if out_dir is None:
+                continue
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / filename).write_text(fn(result))
         written.append(out_dir / filename)

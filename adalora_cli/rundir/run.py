@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, RunConfig, dump_config
+from ..errors import RunBusy
 from .layout import (
     CONFIG,
+    HEARTBEAT,
     HEATMAP,
     LAUNCH,
     LOCK,
@@ -34,11 +36,7 @@ from .layout import (
     SUMMARY,
     WEIGHTS,
 )
-
-
-class RunBusy(Exception):
-    """Another live process owns the run directory."""
-
+from .summary import Summary
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """A full disk, a full quota, or the file size limit (``ulimit -f``)."""
@@ -203,6 +201,7 @@ class RunDir:
             self.set_status("failed", error=error, ended=_now())
         except OSError:
             self._write_status_small({"status": "failed", "error": error[:200]})
+        self._ended()
 
     def _write_status_small(self, data: dict[str, Any]) -> None:
         """The last resort on a full disk: overwrite status.json in place, within the
@@ -220,6 +219,7 @@ class RunDir:
     def preempt(self, reason: str, step: int) -> None:
         self.close(quiet=True)
         self.set_status("preempted", reason=reason, step=step, ended=_now())
+        self._ended()
 
     def record_resume(self, changes: dict[str, list[Any]], lost: str | None = None,
                       machine: dict[str, list[Any]] | None = None) -> None:
@@ -324,10 +324,19 @@ class RunDir:
         write_json_atomic(path, data)
         return path
 
-    def finish(self, summary: dict[str, Any]) -> None:
+    def finish(self, summary: Summary) -> None:
         self.close()
-        self.write_json(SUMMARY, summary)
+        self.write_json(SUMMARY, summary.to_dict())
         self.set_status("finished", ended=_now())
+        self._ended()
+
+    def _ended(self) -> None:
+        """The heartbeat says a live run's step; once status.json says how the run ended,
+        it would only be stale (a resume writes a new one)."""
+        try:
+            (self.path / HEARTBEAT).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def is_finished(path: str | Path) -> bool:

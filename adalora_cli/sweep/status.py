@@ -26,8 +26,8 @@ from ..config import ConfigError
 from ..rundir.layout import CONFIG, SLURM_RECORDS, STATUS, SWEEP_LOG, SWEEP_MANIFEST
 from ..rundir.owner import read_heartbeat
 from ..rundir.run import RunDir
-from .local import run_state
 from .plan import PlannedRun
+from .runs import run_state
 from .scheduler import UNKNOWN, ask
 
 """{run name: {"job_id", "cluster", "submitted", ...}} for every run submitted via submitit."""

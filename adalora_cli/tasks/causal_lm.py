@@ -14,7 +14,7 @@ stripping surrounding whitespace) and ROUGE-L F x 100, and written to ``predicti
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +24,24 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, RunConfig
+from ..errors import first_line
+from ..rundir.layout import PREDICTIONS_JSONL
 from . import data as rawdata
 from . import eval_order
-from .base import TaskData
+from .base import Task, TaskData, no_autocast
 from .causal_lm_data import LABEL_PAD, encode_row, pack, pad_left, pad_right, row_shape
 from .pretrained import from_pretrained
 
-PREDICTIONS = "predictions.jsonl"
 SPLITS = ("train", "validation")
 PREDICT_TOKENS = 64
 """``adalora predict``'s generation length when the run's task.max_new_tokens is 0."""
 
 
-class CausalLMTask:
+class CausalLMTask(Task):
     """Language modelling on your own prompts and responses (or texts, or chats)."""
 
     name = "causal_lm"
+    model_class = "AutoModelForCausalLM"
     primary_metric = "loss"
     eval_split_names = ("validation",)
 
@@ -47,26 +49,27 @@ class CausalLMTask:
         self.cfg = cfg
         self.tokenizer: Any = None  # set by load_data; generation decodes with it
         self.predictions: dict[str, list[dict[str, str]]] = {}
-        if cfg.task.max_new_tokens < 0:
-            raise ConfigError(f"task.max_new_tokens must be >= 0 (0: no generation), got "
-                              f"{cfg.task.max_new_tokens}")
 
     # ---------------------------------------------------------------- model
 
+    def check_model_config(self, config: Any) -> None:
+        if getattr(config, "is_encoder_decoder", False):
+            raise ConfigError(f"model {self.cfg.model.name_or_path} ({config.model_type}) is an "
+                              "encoder-decoder; causal_lm needs a decoder-only model (use "
+                              "task.name=xsum with your data for sequence-to-sequence training)")
+
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        import transformers
+        from transformers import AutoConfig, AutoTokenizer
 
         path = self.cfg.model.name_or_path
         config = AutoConfig.from_pretrained(path)  # OSError: reported by the caller
-        if getattr(config, "is_encoder_decoder", False):
-            raise ConfigError(f"model {path} ({config.model_type}) is an encoder-decoder; "
-                              "causal_lm needs a decoder-only model (use task.name=xsum with "
-                              "your data for sequence-to-sequence training)")
+        self.check_model_config(config)
         try:
-            model = from_pretrained(AutoModelForCausalLM, path, dtype)
+            model = from_pretrained(getattr(transformers, self.model_class), path, dtype)
         except ValueError as err:  # transformers: no causal-LM class for this config
             raise ConfigError(f"model {path} ({config.model_type}) has no causal language "
-                              f"model head ({str(err).splitlines()[0][:120]}); use a "
+                              f"model head ({first_line(err)[:120]}); use a "
                               "decoder-only checkpoint") from None
         return model, AutoTokenizer.from_pretrained(path)
 
@@ -196,9 +199,17 @@ class CausalLMTask:
         """``predictions.jsonl`` when evaluation generated (task.max_new_tokens > 0)."""
         if not self.predictions:
             return []
-        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS, self.predictions)
+        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS_JSONL, self.predictions)
 
     # ---------------------------------------------------------------- predict
+
+    def predict_columns(self, columns: Sequence[str], where: str) -> None:
+        task = self.cfg.task
+        wanted = (task.messages_column, task.prompt_column, task.text_column)
+        if not any(c in columns for c in wanted):
+            raise ConfigError(f"{where} has no {task.prompt_column!r} (or "
+                              f"{task.messages_column!r}, {task.text_column!r}) column; it has "
+                              f"{', '.join(columns) or 'no columns'}")
 
     def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,
                      device: torch.device) -> list[dict[str, Any]]:
@@ -216,24 +227,13 @@ class CausalLMTask:
                 list(m), tokenize=False, add_generation_prompt=True),
                 add_special_tokens=False)["input_ids"] for m in ds[task.messages_column]]
         else:
-            column = next((c for c in (task.prompt_column, task.text_column) if c in columns),
-                          None)
-            if column is None:
-                raise ConfigError(f"the input has no {task.prompt_column!r} (or "
-                                  f"{task.messages_column!r}, {task.text_column!r}) column; "
-                                  f"it has {', '.join(columns)}")
+            column = next(c for c in (task.prompt_column, task.text_column) if c in columns)
             prompts = [tokenizer("" if x is None else str(x))["input_ids"] for x in ds[column]]
         prompts = [p[-task.max_length:] for p in prompts]  # keep the end: it is continued
         out = self.generate(model, prompts, batch_size=len(prompts), device=device,
-                            autocast=_no_autocast,
+                            autocast=no_autocast,
                             max_new_tokens=task.max_new_tokens or PREDICT_TOKENS)
         return [{"response": text} for text in out]
-
-
-def _no_autocast():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def causal_lm_task(cfg: RunConfig) -> CausalLMTask:

@@ -94,10 +94,25 @@ def test_the_digest_ignores_exactly_the_keys_that_may_change(in_repo):
     data = cfg.to_dict()
     same = from_dict(apply_overrides(data, ["train.save_every=5", "log.run_name=x",
                                             "train.device=cpu"]))
-    assert ckpt.config_digest(same) == ckpt.config_digest(cfg)
+    assert ckpt.resume_digest(same) == ckpt.resume_digest(cfg)
     for change in ("train.seed=1", "lora.r=3", "task.max_length=16", "sweep.name=x"):
         other = from_dict(apply_overrides(cfg.to_dict(), [change]))
-        assert ckpt.config_digest(other) != ckpt.config_digest(cfg), change
+        assert ckpt.resume_digest(other) != ckpt.resume_digest(cfg), change
+
+
+def test_a_key_added_since_the_checkpoint_unset_does_not_strand_it(in_repo, tmp_path):
+    """A checkpoint written before a config key existed (here adalora.target_rank, added
+    unset) resumes: the key is absent from its record and None now, which changes nothing.
+    The same key set to a value is a change, and is refused by name."""
+    cfg = load_config(SMOKE)
+    old = {k: v for k, v in ckpt.flat_config(cfg).items() if k != "adalora.target_rank"}
+    state = {"config": old, "config_digest": ckpt.resume_digest(old)}
+    path = tmp_path / "checkpoints" / "step-0000012"
+    assert ckpt.resume_digest(old) != ckpt.resume_digest(cfg)  # the digests do differ
+    assert ckpt.check_config(path, state, cfg) == {}
+    changed = load_config(SMOKE, ["adalora.budget=null", "adalora.target_rank=2"])
+    with pytest.raises(ConfigError, match=r"adalora.target_rank '\(absent\)' -> 2.0"):
+        ckpt.check_config(path, state, changed)
 
 
 # ------------------------------------------------------------------ 2. torn logs
