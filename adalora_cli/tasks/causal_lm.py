@@ -27,7 +27,15 @@ from ..config import ConfigError, RunConfig
 from . import data as rawdata
 from . import eval_order
 from .base import TaskData
-from .causal_lm_data import LABEL_PAD, encode_row, pack, pad_left, pad_right, row_shape
+from .causal_lm_data import (
+    LABEL_PAD,
+    encode_row,
+    pack,
+    pad_left,
+    pad_right,
+    row_shape,
+    usable_rows,
+)
 from .pretrained import from_pretrained
 
 PREDICTIONS = "predictions.jsonl"
@@ -75,18 +83,23 @@ class CausalLMTask:
     def where(self, split: str) -> str:
         return rawdata.describe_source(self.cfg.task, split, dataset=self.cfg.task.dataset)
 
-    def encode(self, ds: datasets.Dataset, split: str, tokenizer: Any) -> list[dict[str, Any]]:
+    def encode(self, ds: datasets.Dataset, split: str, tokenizer: Any
+               ) -> tuple[list[dict[str, Any]], int, str | None]:
+        """The encoded rows of a split that have something to learn, how many rows were
+        left out, and the one line that says which and why."""
         where = self.where(split)
         if len(ds) == 0:
             raise ConfigError(f"{where} has no rows; give the split some data")
         shape = row_shape(list(ds.column_names), self.cfg.task, where)
         ids = ([str(x) for x in ds["id"]] if "id" in ds.column_names
                else [f"{split}-{i}" for i in range(len(ds))])
+        raw = list(ds)
+        kept, left_out = usable_rows(raw, shape, self.cfg.task, where)
         rows = []
-        for i, row in enumerate(ds):
-            encoded = encode_row(tokenizer, shape, row, self.cfg.task, f"{where} row {i + 1}")
+        for i in kept:
+            encoded = encode_row(tokenizer, shape, raw[i], self.cfg.task, f"{where} row {i + 1}")
             rows.append({**encoded, "id": ids[i]})
-        return rows
+        return rows, len(raw) - len(kept), left_out
 
     def load_data(self, tokenizer: Any) -> TaskData:
         if tokenizer.pad_token_id is None:  # most decoder tokenizers have none: pad with EOS
@@ -99,10 +112,14 @@ class CausalLMTask:
         raw = rawdata.load_splits(task, SPLITS, dataset=task.dataset)
         info: dict[str, Any] = {"task": self.name}
         splits: dict[str, Any] = {}
+        notes: list[str] = []
         for split, ds in raw.items():
             limit = task.max_train_samples if split == "train" else task.max_eval_samples
-            rows = self.encode(rawdata.take(ds, limit), split, tokenizer)
-            info[f"{split}_examples"] = len(rows)
+            rows, n_left_out, left_out = self.encode(rawdata.take(ds, limit), split, tokenizer)
+            info[f"{split}_examples"] = len(rows)  # what is trained and scored, not the file
+            if left_out:
+                info[f"{split}_left_out"] = n_left_out
+                notes.append(left_out)
             info[f"{split}_source"] = self.where(split)
             splits[split] = rows
         train = splits.pop("train")
@@ -113,7 +130,7 @@ class CausalLMTask:
         pad_id = tokenizer.pad_token_id
         return TaskData(train=datasets.Dataset.from_list(train),
                         eval_splits={k: datasets.Dataset.from_list(v) for k, v in splits.items()},
-                        collate=lambda items: pad_right(items, pad_id), info=info)
+                        collate=lambda items: pad_right(items, pad_id), info=info, notes=notes)
 
     # ---------------------------------------------------------------- scoring
 
