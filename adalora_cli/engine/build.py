@@ -100,11 +100,47 @@ def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
         raise ConfigError(f"model folder {name} does not exist; set model.name_or_path to a "
                           "local model folder or a hub id")
     try:
+        check_model_type(name)
         return task.build_model(dtype=dtype)
     except (OSError, HFValidationError) as err:  # missing folder, unknown or unreachable hub id
         raise ConfigError(
             f"could not load model {name!r} ({first_line(err)}); "
             "set model.name_or_path to a local folder or check the network") from None
+
+
+def check_model_type(name: str) -> None:
+    """A model whose ``config.json`` names no architecture transformers knows (no
+    ``model_type``, or a misspelt or too new one) is a one-line ConfigError, not a crash."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name)
+    except ValueError as err:  # AutoConfig's word for "cannot tell what this model is"
+        raise ConfigError(_unknown_model(name, err)) from None
+
+
+def _unknown_model(name: str, err: ValueError) -> str:
+    import difflib
+    import json
+
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    file = Path(name).expanduser() / "config.json"
+    try:
+        kind = json.loads(file.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):  # a hub id, or no JSON object
+        return (f"could not tell which architecture model {name} is ({first_line(err)}); "
+                "check model.name_or_path")
+    if not kind:
+        return (f"{file} has no model_type, so transformers cannot tell which architecture "
+                'it is; add one (e.g. "model_type": "llama") or use the folder '
+                "save_pretrained wrote")
+    close = difflib.get_close_matches(str(kind), list(CONFIG_MAPPING.keys()), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"{file} has model_type {kind!r}, which transformers {transformers.__version__} "
+            f"does not know; {hint}fix it, or upgrade transformers if the architecture is "
+            "newer")
 
 
 @contextlib.contextmanager

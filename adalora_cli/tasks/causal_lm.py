@@ -29,6 +29,7 @@ from . import eval_order
 from .base import TaskData
 from .causal_lm_data import (
     LABEL_PAD,
+    check_messages,
     encode_row,
     pack,
     pad_left,
@@ -229,9 +230,12 @@ class CausalLMTask:
             if not getattr(tokenizer, "chat_template", None):
                 raise ConfigError("the input holds chat messages but the tokenizer has no chat "
                                   f"template; give a {task.prompt_column!r} column instead")
+            # rows come in batches, so a row number here would be the batch's: the bad value
+            # is quoted instead
+            chats = [check_messages(m, "the input") for m in ds[task.messages_column]]
             prompts = [tokenizer(tokenizer.apply_chat_template(
-                list(m), tokenize=False, add_generation_prompt=True),
-                add_special_tokens=False)["input_ids"] for m in ds[task.messages_column]]
+                m, tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False)["input_ids"] for m in chats]
         else:
             column = next((c for c in (task.prompt_column, task.text_column) if c in columns),
                           None)

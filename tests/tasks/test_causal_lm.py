@@ -312,3 +312,29 @@ def test_a_split_with_nothing_to_learn_is_refused(tmp_path, in_repo) -> None:
     assert line == (f"error: {data}/validation.jsonl: none of its 2 rows has anything to "
                     "learn (rows 1, 2 have no 'response' (missing, null or empty)); fill "
                     "those values in")
+
+
+@pytest.mark.parametrize("messages, expected", [
+    ("hello there", "must be a list of {\"role\": ..., \"content\": ...} objects, got str "
+                    "'hello there'; give a list, or use a prompt column"),
+    (["hi", "there"], "must be a non-empty list of {\"role\": ..., \"content\": ...} objects, "
+                      "got 'hi'"),
+])
+def test_predict_chat_messages_that_are_not_a_chat(smoke_runs, tmp_path, in_repo, messages,
+                                                   expected) -> None:
+    run = smoke_runs(str(SMOKE), "method.name=lora", "train.max_steps=2")
+    given = tmp_path / "in.jsonl"
+    given.write_text(json.dumps({"messages": messages}) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(app, ["predict", str(run), "-i", str(given), "-o", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: the input: chat messages {expected}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_training_chat_messages_that_are_not_a_chat(tmp_path, in_repo) -> None:
+    data = _write(tmp_path / "d", _jsonl([{"messages": "just a string"}]))
+    line = _train_fails(tmp_path, f"task.data_dir={data}")
+    assert line == (f"error: {data}/train.jsonl row 1: chat messages must be a list of "
+                    "{\"role\": ..., \"content\": ...} objects, got str 'just a string'; give "
+                    "a list, or use a prompt column")

@@ -1,0 +1,62 @@
+"""Models that cannot be trained as asked are refused before anything is written: one line,
+exit 2, no run directory (a config.json naming no known architecture)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from adalora_cli.cli import app
+from tests.conftest import FIXTURES
+
+runner = CliRunner()
+SMOKE = {"causal_lm": "configs/smoke/causal_lm.yaml", "glue": "configs/smoke/glue.yaml"}
+MODEL = {"causal_lm": FIXTURES / "tiny-llama", "glue": FIXTURES / "tiny-bert"}
+
+
+def _model_with(tmp_path: Path, family: str, edit) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(MODEL[family], folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _refused(tmp_path: Path, family: str, *args: str) -> str:
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["train", SMOKE[family], *args, "--run-dir", str(run_dir),
+                                 "-q"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert not run_dir.exists()
+    return lines[0]
+
+
+@pytest.mark.parametrize("family", ["causal_lm", "glue"])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_an_unknown_model_type_is_bad_input(tmp_path, in_repo, family, dry_run) -> None:
+    wrong = {"causal_lm": ("llamaa", "llama"), "glue": ("brt", "bert")}[family]
+    folder = _model_with(tmp_path, family, lambda c: c.update(model_type=wrong[0]))
+    line = _refused(tmp_path, family, f"model.name_or_path={folder}",
+                    *(["--dry-run"] if dry_run else []))
+    import transformers
+
+    assert line == (f"error: {folder}/config.json has model_type {wrong[0]!r}, which "
+                    f"transformers {transformers.__version__} does not know; did you mean "
+                    f"{wrong[1]!r}? fix it, or upgrade transformers if the architecture is "
+                    "newer")
+
+
+@pytest.mark.parametrize("family", ["causal_lm", "glue"])
+def test_a_config_without_model_type_is_bad_input(tmp_path, in_repo, family) -> None:
+    folder = _model_with(tmp_path, family, lambda c: c.pop("model_type"))
+    line = _refused(tmp_path, family, f"model.name_or_path={folder}")
+    assert line == (f"error: {folder}/config.json has no model_type, so transformers cannot "
+                    'tell which architecture it is; add one (e.g. "model_type": "llama") or '
+                    "use the folder save_pretrained wrote")
