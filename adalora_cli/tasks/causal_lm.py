@@ -71,6 +71,11 @@ class CausalLMTask:
             raise ConfigError(f"model {path} ({config.model_type}) is an encoder-decoder; "
                               "causal_lm needs a decoder-only model (use task.name=xsum with "
                               "your data for sequence-to-sequence training)")
+        if _is_encoder(config):
+            raise ConfigError(f"model {path} ({config.model_type}) is an encoder (a masked "
+                              "language model), which cannot learn to continue a text; "
+                              "causal_lm needs a decoder-only model (Llama, Qwen, Mistral, "
+                              "GPT-2, ...)")
         try:
             model = from_pretrained(AutoModelForCausalLM, path, dtype)
         except ValueError as err:  # transformers: no causal-LM class for this config
@@ -103,10 +108,12 @@ class CausalLMTask:
         return rows, len(raw) - len(kept), left_out
 
     def load_data(self, tokenizer: Any) -> TaskData:
+        if tokenizer.eos_token_id is None:  # every response ends with it: it is learned
+            raise ConfigError(f"the tokenizer of {self.cfg.model.name_or_path} has no "
+                              "end-of-sequence token, which causal_lm ends every response "
+                              "with so the model learns to stop; use a decoder model's "
+                              "tokenizer (or set eos_token in its tokenizer_config.json)")
         if tokenizer.pad_token_id is None:  # most decoder tokenizers have none: pad with EOS
-            if tokenizer.eos_token_id is None:
-                raise ConfigError(f"the tokenizer of {self.cfg.model.name_or_path} has neither "
-                                  "a padding nor an end-of-sequence token; use one that has")
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
         task = self.cfg.task
@@ -249,6 +256,16 @@ class CausalLMTask:
                             autocast=_no_autocast,
                             max_new_tokens=task.max_new_tokens or PREDICT_TOKENS)
         return [{"response": text} for text in out]
+
+
+def _is_encoder(config: Any) -> bool:
+    """An encoder-only architecture (BERT, RoBERTa, ELECTRA, ...): transformers maps it to a
+    causal-LM class too, which is only meant as the decoder half of an encoder-decoder
+    (``is_decoder``); trained alone here it would see every token both ways."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return (config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            and not getattr(config, "is_decoder", False))
 
 
 def _no_autocast():

@@ -1,5 +1,6 @@
 """Models that cannot be trained as asked are refused before anything is written: one line,
-exit 2, no run directory (a config.json naming no known architecture)."""
+exit 2, no run directory (a config.json naming no known architecture, an encoder or a
+tokenizer without EOS for causal_lm)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,24 @@ def test_a_config_without_model_type_is_bad_input(tmp_path, in_repo, family) -> 
     assert line == (f"error: {folder}/config.json has no model_type, so transformers cannot "
                     'tell which architecture it is; add one (e.g. "model_type": "llama") or '
                     "use the folder save_pretrained wrote")
+
+
+def test_causal_lm_on_an_encoder_is_refused_up_front(tmp_path, in_repo) -> None:
+    """A BERT (its tokenizer has a pad token but no EOS) used to pass every check and fail
+    at the first batch with its run directory left failed."""
+    for dry_run in ([], ["--dry-run"]):
+        line = _refused(tmp_path, "causal_lm", f"model.name_or_path={MODEL['glue']}",
+                        "method.name=lora", *dry_run)
+        assert line == (f"error: model {MODEL['glue']} (bert) is an encoder (a masked language "
+                        "model), which cannot learn to continue a text; causal_lm needs a "
+                        "decoder-only model (Llama, Qwen, Mistral, GPT-2, ...)")
+
+
+def test_causal_lm_needs_an_end_of_sequence_token(tmp_path, in_repo) -> None:
+    """Configured as a decoder, the BERT passes as a model, but its tokenizer has no EOS to
+    end the responses with."""
+    folder = _model_with(tmp_path, "glue", lambda c: c.update(is_decoder=True))
+    line = _refused(tmp_path, "causal_lm", f"model.name_or_path={folder}", "method.name=lora")
+    assert line == (f"error: the tokenizer of {folder} has no end-of-sequence token, which "
+                    "causal_lm ends every response with so the model learns to stop; use a "
+                    "decoder model's tokenizer (or set eos_token in its tokenizer_config.json)")
