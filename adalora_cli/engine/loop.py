@@ -41,6 +41,8 @@ from .distributed import (
     shutdown,
     world,
 )
+from .fingerprint import KEY as DATA_KEY
+from .fingerprint import check_data, data_record
 from .loggers import RunLogger, open_trackers, warn
 from .order import EpochBatches, example_lengths
 from .outputs import trained_state, write_outputs
@@ -82,6 +84,12 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
         check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
         built = build_run(cfg, w)
+        if found and DATA_KEY in found[1]:  # rows appended or edited since: another run
+            check_data(found[0], found[1][DATA_KEY],
+                       data_record(built.data.train, built.data.eval_splits))
+        elif found:
+            note(f"{found[0].name} was written before checkpoints recorded their data; "
+                 "resuming without checking that the data is the same")
         init(w, built.device.type)
 
         def reopen() -> RunDir:
@@ -200,6 +208,8 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     loader = DataLoader(data.train, batch_sampler=batches, generator=generator,
                         collate_fn=LengthSplit(data.collate, t_cfg.length_split))
     pos = _restore(latest, built, stepper, run, w) if latest is not None else ckpt.Position()
+    # the data's sizes and fingerprint, for every checkpoint (only rank 0 writes them)
+    dataset = data_record(data.train, data.eval_splits) if w.main else {}
 
     start = time.perf_counter()
 
@@ -207,7 +217,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         pos.seconds_now = pos.seconds + time.perf_counter() - start
         rngs = before_eval[0] if before_eval else gather(ckpt.rng_state(), w)  # every rank's
         if w.main:  # the rest of the state is the same on every rank: rank 0 writes it
-            path = _save(run, built, stepper, generator, pos, rngs, before_eval)
+            path = _save(run, built, stepper, generator, pos, rngs, dataset, before_eval)
             pos.checkpoint_bytes = _size(path)
         pos.saved_step = pos.step
 
@@ -337,14 +347,15 @@ def _size(path: Path) -> int:
 
 
 def _save(run: RunDir, built: Built, stepper: Stepper, generator: torch.Generator,
-          pos: ckpt.Position, rngs: list[dict], before_eval: tuple[list, dict] | None = None
-          ) -> Path:
+          pos: ckpt.Position, rngs: list[dict], dataset: dict[str, Any],
+          before_eval: tuple[list, dict] | None = None) -> Path:
     """``before_eval``: the RNG states and stream sizes from before an evaluation that a
     stop signal cut short; saved instead of the current ones, with the evaluation pending."""
     rngs, streams = before_eval if before_eval else (rngs, run.stream_sizes())
     state = {**ckpt.state_of(stepper, generator, pos, rngs, streams,
                              eval_pending=before_eval is not None),
-             **ckpt.config_record(built.cfg)}  # a resume under another config is refused
+             **ckpt.config_record(built.cfg),  # a resume under another config is refused
+             DATA_KEY: dataset}  # ... and so is one on other data
     return ckpt.save_checkpoint(run.path, pos.step, trained_state(built.model, built.handle),
                                 state, keep=built.cfg.train.keep_checkpoints)
 
