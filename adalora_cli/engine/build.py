@@ -266,11 +266,6 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     dtype = base_dtype(cfg, device)  # what the run asks for, not what the checkpoint stores
     model, tokenizer = load_model(task, resolved, dtype)
     data = task.load_data(tokenizer)
-    if w is None or w.main:  # e.g. rows left out: said once, not once per rank
-        from .loggers import warn  # lazy: the logger's imports lead back here
-
-        for line in data.notes:
-            warn(line)
     if len(data.train) == 0:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
     steps = total_steps(len(data.train), cfg)

@@ -61,6 +61,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
         check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
         built = build_run(cfg, w)  # every user error is raised here, before anything is written
+        _say_notes(built, w)
         init(w, built.device.type)
         try:
             run = _on_rank0(w, lambda: RunDir.create(run_dir or default_run_dir(cfg), cfg))
@@ -84,6 +85,7 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
         check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
         built = build_run(cfg, w)
+        _say_notes(built, w)
         if found and DATA_KEY in found[1]:  # rows appended or edited since: another run
             check_data(found[0], found[1][DATA_KEY],
                        data_record(built.data.train, built.data.eval_splits))
@@ -112,6 +114,13 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
             return _own(built, run, stop, quiet, latest, resumed=True, w=w)
         finally:
             shutdown()
+
+
+def _say_notes(built: Built, w: World) -> None:
+    """What the task has to say about the data (e.g. rows left out), once, not per rank."""
+    if w.main:
+        for line in built.data.notes:
+            warn(line)
 
 
 class Silent:
