@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from ..errors import writing
 from ..rundir.layout import SUMMARY
 from ..rundir.run import RunDir, follow_umask, is_finished
 
@@ -50,7 +51,8 @@ def write_atomically(out: Path, write: Callable[[Path], dict[str, Any]]) -> dict
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        info = write(tmp)
+        with writing(out, written_as=tmp):  # a full disk names the export, not tmp
+            info = write(tmp)
         follow_umask(tmp)  # mkdtemp makes it 0700 and safetensors its files 0600
         check_destination(out)  # someone may have created it meanwhile
         tmp.rename(out)

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..config import ConfigError
+from ..errors import writing
 from .export import check_run
 
 
@@ -134,20 +135,39 @@ def predict(run_dir: str | Path, input_path: str | Path, output_path: str | Path
     ids = _ids(ds)
     tmp = output_path.with_name(f".{output_path.name}.partial")
     output_path.parent.mkdir(parents=True, exist_ok=True)
+    # a failed write (a full disk) names the output, not the hidden temporary file
+    def written():
+        return writing(output_path, written_as=tmp)
+
+    handle = None
     try:
-        with tmp.open("w", encoding="utf-8") as handle, _progress(quiet) as progress:
+        with written():
+            handle = tmp.open("w", encoding="utf-8")
+        with _progress(quiet) as progress:
             bar = progress.add_task("predict", total=len(ds))
             for lo in range(0, len(ds), batch_size):
                 chunk = ds.select(range(lo, min(lo + batch_size, len(ds))))
-                for key, row in zip(ids[lo:lo + batch_size],
-                                    run_rows(task, model, tokenizer, chunk, dev)):
-                    handle.write(json.dumps({"id": key, **row}, ensure_ascii=False) + "\n")
+                rows = run_rows(task, model, tokenizer, chunk, dev)
+                with written():
+                    for key, row in zip(ids[lo:lo + batch_size], rows):
+                        handle.write(json.dumps({"id": key, **row}, ensure_ascii=False) + "\n")
                 progress.update(bar, advance=len(chunk))
+        with written():
+            handle.close()
         os.replace(tmp, output_path)
     except BaseException:
+        _close_quietly(handle)  # its buffer cannot be flushed either (the disk is full)
         tmp.unlink(missing_ok=True)
         raise
     return len(ds)
+
+
+def _close_quietly(handle) -> None:
+    if handle is not None and not handle.closed:
+        try:
+            handle.close()
+        except OSError:
+            pass
 
 
 def _progress(quiet: bool) -> Progress:

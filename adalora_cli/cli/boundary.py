@@ -29,6 +29,7 @@ from ..errors import (
     EXIT_PREEMPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    WriteFailed,
     describe,
 )
 
@@ -108,11 +109,16 @@ def explain(error: BaseException, interrupted: str, os_errors: bool) -> tuple[st
     if _raised(error, "adalora_cli.sweep.local", "SweepStopped"):
         return ("stopped by SIGTERM; running runs were checkpointed and are resumed when "
                 "the sweep is started again"), EXIT_TERMINATED
+    if isinstance(error, WriteFailed):  # a full disk: the line names the file and the fix
+        return f"{error.strerror}{suffix_of(where)}", EXIT_FAILED
     if os_errors and isinstance(error, OSError):
         return os_error(error), EXIT_FAILED
-    suffix = f" (run directory marked failed: {where})" if where else ""
-    return (f"{describe(error)}{suffix}; rerun with ADALORA_DEBUG=1 for the traceback",
-            EXIT_FAILED)
+    return (f"{describe(error)}{suffix_of(where)}; rerun with ADALORA_DEBUG=1 for the "
+            "traceback", EXIT_FAILED)
+
+
+def suffix_of(where) -> str:
+    return f" (run directory marked failed: {where})" if where else ""
 
 
 def interrupted_run(where) -> str:

@@ -17,13 +17,10 @@ previous one as the latest.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import random
-import re
-import resource
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..config import RESUMABLE_KEYS, ConfigError, RunConfig
+from ..errors import writing
 from ..rundir.layout import CHECKPOINTS
 from ..rundir.run import follow_umask
 from . import faults
@@ -288,40 +286,12 @@ def save_checkpoint(run_path: Path, step: int, tensors: dict[str, torch.Tensor],
     return final
 
 
-class WriteFailed(OSError):
-    """A file of the run could not be written; the message names it and says why."""
-
-
 def _write(tmp: Path, final: Path, write) -> None:
-    """``write(tmp)``, with a failure said as which file and why: torch's writer reports
-    a full disk as ``[enforce fail at inline_container.cc] . unexpected pos``."""
-    try:
+    """``write(tmp)``, with a failure said as which file and why, with the OS's error
+    number: torch's writer reports a full disk as ``[enforce fail at inline_container.cc]
+    . unexpected pos``, safetensors as "(os error 28)" (errors.write_failed)."""
+    with writing(final, then="resume the run", written_as=tmp, library=True):
         write(tmp)
-    except Exception as err:
-        raise WriteFailed(getattr(err, "errno", None) or errno.EIO,
-                          f"could not write {final}: {why_write_failed(tmp, err)}") from None
-
-
-def why_write_failed(path: Path, err: BaseException) -> str:
-    """The likely reason a write to ``path`` failed, in words a user can act on."""
-    code = getattr(err, "errno", None)
-    if code is None:  # safetensors (Rust) says "... (os error 28)" in its message
-        found = re.search(r"\(os error (\d+)\)", str(err))
-        code = int(found.group(1)) if found else None
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return f"{os.strerror(code)} (free some space, then resume the run)"
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    size = path.stat().st_size if path.exists() else 0
-    if code == errno.EFBIG or (limit != resource.RLIM_INFINITY and size >= limit):
-        return (f"the file size limit (ulimit -f, {limit} bytes) was reached; raise it, then "
-                "resume the run")
-    try:
-        free = os.statvfs(path.parent)
-        if free.f_bavail * free.f_frsize < 1 << 20:  # under 1 MiB left: the disk is full
-            return "No space left on device (free some space, then resume the run)"
-    except OSError:
-        pass
-    return _first_line(err)
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

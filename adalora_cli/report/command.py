@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..config import ConfigError
+from ..errors import write_failed
 
 
 def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool,
@@ -129,5 +130,4 @@ def _naming(out_dir: Path, staging: Path, path: Path) -> Iterator[None]:
         where = Path(err.filename) if err.filename else path
         if staging in where.parents or where == staging:
             where = out_dir / where.relative_to(staging)
-        raise OSError(err.errno, f"could not write {where}: "
-                                 f"{err.strerror or os.strerror(err.errno or 5)}") from None
+        raise write_failed(where, err) from None

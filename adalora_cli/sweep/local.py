@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import threads
 from ..config import load_config
-from ..errors import EXIT_BUSY, EXIT_PREEMPTED
+from ..errors import EXIT_BUSY, EXIT_PREEMPTED, writing
 from ..rundir.layout import CONFIG, LAUNCH, SWEEP_LOG, SWEEP_MANIFEST
 from ..rundir.owner import PARENT_ENV, identity, launch_alive, owner_alive
 from ..rundir.run import RunDir, is_finished, locked
@@ -78,7 +78,8 @@ def claim_launch(path: Path) -> str | None:
         state = run_state(path)
         if state in ("finished", "running"):
             return None
-        (path / LAUNCH).write_text(json.dumps(identity()) + "\n")
+        with writing(path / LAUNCH):
+            (path / LAUNCH).write_text(json.dumps(identity()) + "\n")
         return state
 
 
@@ -138,7 +139,7 @@ class SweepLog:
     def event(self, run: str, event: str, **fields: object) -> None:
         row = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "run": run, "event": event, **fields}
-        with open(self.path, "a") as f:
+        with writing(self.path), open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
 
@@ -149,7 +150,8 @@ def write_manifest(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path) -> 
             "runs": [{"name": r.name, "config": str(r.config), "method": r.method,
                       "budget_level": r.budget_level, "seed": r.seed, "size": r.size,
                       "overrides": list(r.overrides)} for r in runs]}
-    (sweep_dir / SWEEP_MANIFEST).write_text(yaml.safe_dump(data, sort_keys=False))
+    with writing(sweep_dir / SWEEP_MANIFEST):
+        (sweep_dir / SWEEP_MANIFEST).write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def _child_env(gpu: str | None, jobs: int) -> dict[str, str]:

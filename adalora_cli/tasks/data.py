@@ -22,7 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..config import ConfigError, TaskConfig
-from ..errors import first_line
+from ..errors import first_line, writing
 
 EXTENSIONS = ("tsv", "csv", "json", "jsonl", "parquet")
 """File types a local split may have, in the order ``data_dir`` looks for them."""
@@ -163,7 +163,7 @@ def take(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:
 
 def write_jsonl(path: Path, splits: dict[str, list[dict[str, Any]]]) -> list[Path]:
     """Every split's prediction rows into one JSON-lines file (``predictions.jsonl``)."""
-    with path.open("w", encoding="utf-8") as handle:
+    with writing(path), path.open("w", encoding="utf-8") as handle:
         for rows in splits.values():
             for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")

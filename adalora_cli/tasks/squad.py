@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, RunConfig
-from ..errors import first_line
+from ..errors import first_line, writing
 from . import data as rawdata
 from . import eval_order, squad_postprocess, squad_scoring
 from .base import TaskData
@@ -277,8 +277,9 @@ class SquadTask:
         for split, predictions in self.predictions.items():
             name = PREDICTIONS if len(self.predictions) == 1 else f"predictions_{split}.json"
             path = Path(run_dir) / name
-            path.write_text(json.dumps(predictions, indent=1, ensure_ascii=False) + "\n",
-                            encoding="utf-8")
+            with writing(path):  # a full disk: the error names the file
+                path.write_text(json.dumps(predictions, indent=1, ensure_ascii=False) + "\n",
+                                encoding="utf-8")
             written.append(path)
         return written
 

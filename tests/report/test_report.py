@@ -342,7 +342,7 @@ def test_a_full_disk_leaves_the_out_folder_as_it_was(runs, tmp_path, monkeypatch
                                  str(out)])
     assert result.exit_code == 1
     assert result.stderr.strip() == (f"error: could not write {out / failed}: No space left "
-                                     "on device; check the path and free disk space")
+                                     "on device (free some space)")
     assert [p.name for p in out.iterdir()] == ["report.md"]  # no partial folder, no figures
     assert (out / "report.md").read_text() == "the earlier report\n"
     fresh = tmp_path / "fresh" / "report"  # a folder made for the report goes again
