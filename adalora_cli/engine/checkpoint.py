@@ -104,14 +104,17 @@ def restore(state: dict[str, Any], stepper: Stepper, rank: int = 0) -> Position:
                     saved_step=state["step"], eval_pending=state.get("eval_pending", False))
 
 
-def _step_dirs(run_path: Path) -> list[tuple[int, Path]]:
+def _step_dirs(run_path: Path, complete: bool = True) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of the published checkpoints, oldest first; ``complete=False``
+    also lists folders that lost their ``state.pt`` (deleted, or a damaged disk)."""
     root = run_path / CHECKPOINTS
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
         name = child.name
-        if name.startswith("step-") and name[5:].isdigit() and (child / STATE).is_file():
+        if (name.startswith("step-") and name[5:].isdigit()
+                and (not complete or (child / STATE).is_file())):
             found.append((int(name[5:]), child))
     return sorted(found)
 
@@ -133,9 +136,12 @@ def newest_readable(run_path: Path, note=lambda text: None
     A checkpoint that does not load (a disk error, a file damaged after it was published)
     is skipped for the one before it, with a note naming both. If none loads the resume is
     refused: starting over silently would throw the run's progress away."""
-    found = checkpoints(run_path)
+    found = [path for _, path in _step_dirs(Path(run_path), complete=False)]
     bad: list[str] = []
     for path in reversed(found):
+        if not (path / STATE).is_file():  # named, never silently passed over
+            bad.append(f"{path}: no {STATE}")
+            continue
         try:
             _, state = load_checkpoint(path)
         except Exception as err:  # any damage: the reader's own words say which

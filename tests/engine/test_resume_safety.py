@@ -247,3 +247,24 @@ def test_newest_readable_names_what_it_skipped(tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint of .* can be read"):
         ckpt.newest_readable(tmp_path)
     assert ckpt.newest_readable(tmp_path / "nothing") is None
+
+
+def test_a_checkpoint_without_its_state_is_named_not_passed_over(tmp_path):
+    """A step folder that lost state.pt used to be invisible: the resume fell back to an
+    older checkpoint, or started the run over from step 0, without a word."""
+    cfg = RunConfig()
+    for step in (3, 6):
+        ckpt.save_checkpoint(tmp_path, step, {"w": torch.zeros(2)},
+                             {"rng": [], **_state(cfg)}, keep=3)
+    (tmp_path / "checkpoints" / "step-0000006" / ckpt.STATE).unlink()
+    notes: list[str] = []
+    path, state = ckpt.newest_readable(tmp_path, notes.append)
+    assert path.name == "step-0000003" and state["step"] == 3
+    assert notes == [f"skipped unreadable checkpoint(s) {tmp_path}/checkpoints/step-0000006: "
+                     f"no state.pt; resuming from step-0000003, the newest one that loads"]
+    (path / ckpt.STATE).unlink()
+    with pytest.raises(ConfigError) as err:  # not "no checkpoint yet: start over"
+        ckpt.newest_readable(tmp_path)
+    assert str(err.value) == (f"no checkpoint of {tmp_path} can be read ({tmp_path}/checkpoints/"
+                              f"step-0000006: no state.pt); delete {tmp_path}/checkpoints to "
+                              "start the run over")
