@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
-from ..errors import writing
+from ..errors import first_line, writing
 from ..rundir.layout import SUMMARY
 from ..rundir.run import RunDir, follow_umask, is_finished
 
@@ -35,9 +35,20 @@ def check_run(run_dir: Path) -> dict[str, Any]:
                           "by `adalora train`")
     if not is_finished(run_dir):
         status = (RunDir.read_status(run_dir) or {}).get("status", "unknown")
+        if status == "finished":  # the status says so, but the summary is gone
+            raise ConfigError(f"{run_dir} says it finished but has no {SUMMARY} (deleted or "
+                              "moved?); restore it, or train the run again")
         raise ConfigError(f"{run_dir} is not a finished run (status: {status}); wait for it "
                           "to finish or train it again")
-    return json.loads((run_dir / SUMMARY).read_text())
+    try:
+        summary = json.loads((run_dir / SUMMARY).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{run_dir / SUMMARY} cannot be read ({first_line(err)}); restore "
+                          "it, or train the run again") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{run_dir / SUMMARY} is not a run summary (a JSON object); restore "
+                          "it, or train the run again")
+    return summary
 
 
 def check_destination(out: Path) -> None:
