@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from huggingface_hub.utils import HFValidationError
+from safetensors import SafetensorError
 
 from .. import resources
 from ..config import ConfigError, RunConfig
@@ -106,6 +107,27 @@ def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
         raise ConfigError(
             f"could not load model {name!r} ({first_line(err)}); "
             "set model.name_or_path to a local folder or check the network") from None
+    except SafetensorError as err:  # a weights file cut short (an interrupted download)
+        file = damaged_weights(name)
+        what = str(file) if file else f"a weights file of model {name}"
+        raise ConfigError(f"{what} cannot be read ({first_line(err)}): it is damaged or "
+                          "truncated (an interrupted download?); download or copy it again"
+                          ) from None
+
+
+def damaged_weights(folder: str) -> Path | None:
+    """The first ``*.safetensors`` file in a local model folder whose header does not read
+    (only headers are read: cheap even for a 7B checkpoint)."""
+    from safetensors import safe_open
+
+    path = Path(folder).expanduser()
+    for file in sorted(path.glob("*.safetensors")) if path.is_dir() else []:
+        try:
+            with safe_open(str(file), "pt"):
+                pass
+        except SafetensorError:
+            return file
+    return None
 
 
 def check_model_type(name: str) -> None:

@@ -301,14 +301,23 @@ def _write(tmp: Path, final: Path, write) -> None:
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors = load_file(str(path / TENSORS))
+    """The tensors and state of one checkpoint; a file that does not read (truncated,
+    damaged) is a ValueError naming it."""
+    tensors = _read(path / TENSORS, lambda f: load_file(str(f)))
     # Our own file, written by save_checkpoint: it holds numpy's RNG state, which the
     # weights-only unpickler refuses.
-    state = torch.load(path / STATE, map_location="cpu", weights_only=False)
+    state = _read(path / STATE, lambda f: torch.load(f, map_location="cpu", weights_only=False))
     if state.get("format") != FORMAT:
         raise ValueError(f"{path} has checkpoint format {state.get('format')}, "
                          f"this version reads {FORMAT}")
     return tensors, state
+
+
+def _read(file: Path, read):
+    try:
+        return read(file)
+    except Exception as err:  # noqa: BLE001 - every reader's own error type
+        raise ValueError(f"{file.name} cannot be read ({_first_line(err)})") from None
 
 
 def remove_all(run_path: Path) -> None:

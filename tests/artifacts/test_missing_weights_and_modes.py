@@ -113,3 +113,17 @@ def test_a_run_without_its_summary_says_so(trained, tmp_path):
     assert result.output.strip().startswith(f"error: {broken / 'summary.json'} cannot be read (")
     assert not (tmp_path / "out").exists()
 
+
+def test_a_truncated_weights_file_is_named(trained, tmp_path):
+    broken = tmp_path / "kept"
+    shutil.copytree(trained / "kept", broken)
+    weights = broken / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # the end of the tensor data is lost
+    result = CliRunner().invoke(app, ["export", str(broken), str(tmp_path / "out")],
+                                env={"COLUMNS": "400"})
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: {weights} cannot be read (Error while deserializing header: incomplete "
+        "metadata, file not fully covered): it is damaged or truncated; restore it, or train "
+        "the run again")
+    assert not (tmp_path / "out").exists()

@@ -82,3 +82,13 @@ def test_causal_lm_needs_an_end_of_sequence_token(tmp_path, in_repo) -> None:
     assert line == (f"error: the tokenizer of {folder} has no end-of-sequence token, which "
                     "causal_lm ends every response with so the model learns to stop; use a "
                     "decoder model's tokenizer (or set eos_token in its tokenizer_config.json)")
+
+
+def test_a_truncated_model_weights_file_is_named(tmp_path, in_repo) -> None:
+    folder = _model_with(tmp_path, "glue", lambda c: None)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])  # an interrupted download
+    line = _refused(tmp_path, "glue", f"model.name_or_path={folder}")
+    assert line == (f"error: {weights} cannot be read (Error while deserializing header: "
+                    "incomplete metadata, file not fully covered): it is damaged or truncated "
+                    "(an interrupted download?); download or copy it again")

@@ -268,3 +268,19 @@ def test_a_checkpoint_without_its_state_is_named_not_passed_over(tmp_path):
     assert str(err.value) == (f"no checkpoint of {tmp_path} can be read ({tmp_path}/checkpoints/"
                               f"step-0000006: no state.pt); delete {tmp_path}/checkpoints to "
                               "start the run over")
+
+
+def test_a_truncated_checkpoint_file_is_named(tmp_path):
+    cfg = RunConfig()
+    for step in (3, 6):
+        ckpt.save_checkpoint(tmp_path, step, {"w": torch.zeros(64)},
+                             {"rng": [], **_state(cfg)}, keep=3)
+    tensors = tmp_path / "checkpoints" / "step-0000006" / ckpt.TENSORS
+    tensors.write_bytes(tensors.read_bytes()[:-16])
+    notes: list[str] = []
+    path, _ = ckpt.newest_readable(tmp_path, notes.append)
+    assert path.name == "step-0000003"
+    assert notes == [f"skipped unreadable checkpoint(s) {tensors.parent}: ValueError: "
+                     f"{ckpt.TENSORS} cannot be read (SafetensorError: Error while deserializing "
+                     "header: incomplete metadata, file not fully covered); resuming from "
+                     "step-0000003, the newest one that loads"]
