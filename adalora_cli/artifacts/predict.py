@@ -126,7 +126,7 @@ def predict(run_dir: str | Path, input_path: str | Path, output_path: str | Path
         raise ConfigError(f"{output_path} already exists; choose a new --output (predictions "
                           "never overwrite)")
     ds = read_table(input_path)
-    dev = pick_device(device)
+    dev = pick_device(device, setting="--device")
     model, tokenizer, cfg = load_run(run_dir, str(dev))
     model.eval()
     task = get_task(cfg)

@@ -54,23 +54,27 @@ def seed_everything(seed: int) -> None:
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
-def pick_device(name: str) -> torch.device:
-    """The device ``train.device`` names; checked before anything is written."""
+def pick_device(name: str, setting: str = "train.device") -> torch.device:
+    """The device ``name`` names; checked before anything is written. ``setting`` is where
+    the user wrote it (``train.device``, or ``--device`` for predict), for the messages."""
+    def said(value: str) -> str:  # a config key takes key=value, an option takes --opt value
+        return f"{setting}={value}" if not setting.startswith("-") else f"{setting} {value}"
+
     if not _DEVICE.match(name):
-        raise ConfigError(f"train.device={name!r} is not a device; use auto, cpu, cuda or "
+        raise ConfigError(f"{said(repr(name))} is not a device; use auto, cpu, cuda or "
                           "cuda:N")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"train.device={name} but CUDA is not available; use "
-                              "train.device=cpu (or auto)")
+            raise ConfigError(f"{said(name)} but CUDA is not available; use {said('cpu')} "
+                              "(or auto)")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"train.device={name} but only {torch.cuda.device_count()} "
+            raise ConfigError(f"{said(name)} but only {torch.cuda.device_count()} "
                               "CUDA device(s) are visible; pick one of them")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"train.device={name} but MPS is not available; use train.device=cpu")
+        raise ConfigError(f"{said(name)} but MPS is not available; use {said('cpu')}")
     return device
 
 
