@@ -111,6 +111,8 @@ def explain(error: BaseException, interrupted: str, os_errors: bool) -> tuple[st
                 "the sweep is started again"), EXIT_TERMINATED
     if isinstance(error, WriteFailed):  # a full disk: the line names the file and the fix
         return f"{error.strerror}{suffix_of(where)}", EXIT_FAILED
+    if _raised(error, "adalora_cli.engine.distributed", "RankDied"):  # says what to do
+        return f"{error}{suffix_of(where)}", EXIT_FAILED
     if os_errors and isinstance(error, OSError):
         return os_error(error), EXIT_FAILED
     return (f"{describe(error)}{suffix_of(where)}; rerun with ADALORA_DEBUG=1 for the "

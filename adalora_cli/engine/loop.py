@@ -38,6 +38,7 @@ from .distributed import (
     global_mean,
     init,
     per_rank_batch,
+    rank_died,
     shutdown,
     world,
 )
@@ -176,7 +177,8 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
         trackers = open_trackers(built.cfg, run.path, resumed=resumed, main=w.main)
         summary = _loop(built, run, stop, quiet or not w.main, latest, trackers, w)
         trackers.log_summary(summary)  # marks the tracker runs finished on close
-    except BaseException as err:
+    except BaseException as caught:
+        err = rank_died(caught, w, run.path) or caught  # a rank died: said so, not a socket
         if isinstance(err, Preempted):
             run.preempt(str(err), step=getattr(err, "step", None))
         else:
@@ -187,7 +189,9 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
             err.run_dir = run.path  # lets the CLI name the directory it marked
         except AttributeError:
             pass
-        raise
+        if err is caught:
+            raise
+        raise err from None
     finally:
         if trackers is not None:
             trackers.close()
