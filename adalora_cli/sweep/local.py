@@ -165,13 +165,15 @@ def _child_env(gpu: str | None, jobs: int) -> dict[str, str]:
 
 
 def _last_error(log: Path) -> str:
+    """The run's own one-line error (its last ``error:`` line), whole: a child's error is
+    one line by the CLI's promise, and cutting it at a length lost the fix at its end."""
     try:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
                  if line.strip()]
     except OSError:
         return "no log"
     errors = [line for line in lines if line.startswith("error:")]
-    return (errors or lines or ["exited without output"])[-1][:300]
+    return (errors or lines or ["exited without output"])[-1]
 
 
 class _Job:

@@ -70,7 +70,7 @@ def _directory_state(path: Path) -> tuple[str, str]:
     if status.get("status") == "preempted":
         return "preempted", f"checkpoint at step {status.get('step')}"
     if status.get("status") == "failed":
-        return "failed", str(status.get("error", ""))[:200]
+        return "failed", str(status.get("error", ""))  # whole: its fix is at the end
     return "unfinished", "its process died; resumable from its last checkpoint"
 
 
