@@ -248,6 +248,26 @@ def trained_in_fp32(params: list[torch.nn.Parameter]) -> int:
     return cast
 
 
+def no_kv_cache(model: torch.nn.Module) -> None:
+    """A training forward builds no key/value cache: nothing reads it, it costs memory,
+    and building it changes GPT-2's arithmetic (its attention then runs on the cache's
+    copies), so gradients with ``train.gradient_checkpointing``, which turns the cache off,
+    differed from those without in the last bits. A forward hook passes ``use_cache=False``
+    in training mode only: generation and scoring (eval mode) are untouched, and so is the
+    config a ``full`` run saves."""
+    import inspect
+
+    if "use_cache" not in inspect.signature(model.forward).parameters:
+        return  # an encoder (BERT): it has no cache to turn off
+
+    def hook(module, args, kwargs):
+        if module.training:
+            kwargs["use_cache"] = False
+        return args, kwargs
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 def enable_checkpointing(model: torch.nn.Module) -> None:
     """``train.gradient_checkpointing``: recompute activations in the backward pass. The
     non-reentrant form works with a frozen base (no input needs a gradient)."""
@@ -298,6 +318,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
     trained_in_fp32(handle.trainable)
     cast_frozen(model, dtype)
+    no_kv_cache(model)
     if cfg.train.gradient_checkpointing:
         enable_checkpointing(model)
     return Built(cfg, task, model, tokenizer, data, handle, steps, device)
