@@ -4,12 +4,21 @@ first line of any error, the one ``warning:`` line, and the exit codes.
 Kept at the bottom of the import order (it imports nothing of ours) so that a task, the
 loop, a tracker, a sweep and the CLI all raise, describe and warn the same way, and the
 CLI's error boundary can tell the exceptions apart without importing the layer that raised
-them (importing the engine just to look would load torch into ``adalora report``).
+them (importing the engine just to look would load torch into ``adalora report``). A file
+that cannot be written (a full disk) is said the same way everywhere too, naming the file
+(:func:`writing`).
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import resource
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 EXIT_FAILED = 1
 """A run or command broke for a reason that is not the user's input."""
@@ -63,3 +72,76 @@ def warning(text: str, stream=None) -> None:
 
     console = Console(file=stream or sys.stderr)
     console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+class RankDied(RuntimeError):
+    """Another process of this run died (killed, out of memory, crashed), so a collective
+    call on this one failed: said as that, not as the backend's socket error."""
+
+
+class WriteFailed(OSError):
+    """A file could not be written; the message names it and says why, and ``errno`` is the
+    operating system's reason (ENOSPC for a full disk), also where a library hid it."""
+
+
+def write_errno(path: str | os.PathLike, err: BaseException, guess: bool = True) -> int | None:
+    """The OS error number behind a failed write of ``path``. Libraries hide it: safetensors
+    says "(os error 28)" in its message, torch's zip writer "unexpected pos"; with ``guess``
+    a file stopped at the ``ulimit -f`` size is then EFBIG and a disk with under 1 MiB left
+    ENOSPC."""
+    code = getattr(err, "errno", None)
+    if code is None:
+        found = re.search(r"\(os error (\d+)\)", str(err))
+        code = int(found.group(1)) if found else None
+    if code is not None or not guess:
+        return code
+    path = Path(path)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    try:
+        if limit != resource.RLIM_INFINITY and path.exists() and path.stat().st_size >= limit:
+            return errno.EFBIG
+        free = os.statvfs(path.parent)
+        if free.f_bavail * free.f_frsize < 1 << 20:
+            return errno.ENOSPC
+    except OSError:
+        pass
+    return None
+
+
+def write_failed(path: str | os.PathLike, err: BaseException, *, then: str = "",
+                 written_as: str | os.PathLike | None = None) -> WriteFailed:
+    """``err``, raised while writing ``path`` (under the temporary name ``written_as``, if
+    any), as one :class:`WriteFailed` line that names ``path`` and says why; ``then``: what
+    to do once there is room (``"resume the run"``)."""
+    code = write_errno(written_as or path, err)
+    after = f", then {then}" if then else ""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        why = f"{os.strerror(code)} (free some space{after})"
+    elif code == errno.EFBIG and limit != resource.RLIM_INFINITY:
+        why = f"the file size limit (ulimit -f, {limit} bytes) was reached; raise it{after}"
+    elif code is not None:
+        why = os.strerror(code)
+    else:
+        why = describe(err)
+    return WriteFailed(code or errno.EIO, f"could not write {path}: {why}")
+
+
+@contextmanager
+def writing(path: str | os.PathLike, *, then: str = "",
+            written_as: str | os.PathLike | None = None,
+            library: bool = False) -> Iterator[None]:
+    """Inside, a failed write (an OSError, or an error naming one, as safetensors' does)
+    leaves as a :class:`WriteFailed` naming ``path``; other errors pass unchanged.
+    ``library``: the block is one library writer (torch.save, savefig), whose errors may
+    hide the OS's entirely, so a full disk or file size limit is guessed
+    (:func:`write_errno`)."""
+    try:
+        yield
+    except WriteFailed:
+        raise
+    except Exception as err:
+        if not isinstance(err, OSError) and write_errno(
+                written_as or path, err, guess=library) is None:
+            raise
+        raise write_failed(path, err, then=then, written_as=written_as) from None

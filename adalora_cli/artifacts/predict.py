@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..config import ConfigError, load_config
+from ..errors import writing
 from ..rundir.layout import CONFIG
 from .export import check_run
 
@@ -59,27 +60,46 @@ def predict(run_dir: str | Path, input_path: str | Path, output_path: str | Path
     ds = read_input(input_path)
     task = get_task(resolve_resources(load_config(run_dir / CONFIG)))
     task.predict_columns(list(ds.column_names), f"--input {input_path}")  # before the model
-    dev = pick_device(device)
+    dev = pick_device(device, setting="--device")
     model, tokenizer, _ = load_run(run_dir, str(dev))
     model.eval()
     task.tokenizer = tokenizer
     ids = _ids(ds)
     tmp = output_path.with_name(f".{output_path.name}.partial")
     output_path.parent.mkdir(parents=True, exist_ok=True)
+    # a failed write (a full disk) names the output, not the hidden temporary file
+    def written():
+        return writing(output_path, written_as=tmp)
+
+    handle = None
     try:
-        with tmp.open("w", encoding="utf-8") as handle, _progress(quiet) as progress:
+        with written():
+            handle = tmp.open("w", encoding="utf-8")
+        with _progress(quiet) as progress:
             bar = progress.add_task("predict", total=len(ds))
             for lo in range(0, len(ds), batch_size):
                 chunk = ds.select(range(lo, min(lo + batch_size, len(ds))))
-                for key, row in zip(ids[lo:lo + batch_size],
-                                    task.predict_rows(model, tokenizer, chunk, dev)):
-                    handle.write(json.dumps({"id": key, **row}, ensure_ascii=False) + "\n")
+                rows = task.predict_rows(model, tokenizer, chunk, dev)
+                with written():
+                    for key, row in zip(ids[lo:lo + batch_size], rows):
+                        handle.write(json.dumps({"id": key, **row}, ensure_ascii=False) + "\n")
                 progress.update(bar, advance=len(chunk))
+        with written():
+            handle.close()
         os.replace(tmp, output_path)
     except BaseException:
+        _close_quietly(handle)  # its buffer cannot be flushed either (the disk is full)
         tmp.unlink(missing_ok=True)
         raise
     return len(ds)
+
+
+def _close_quietly(handle) -> None:
+    if handle is not None and not handle.closed:
+        try:
+            handle.close()
+        except OSError:
+            pass
 
 
 def _progress(quiet: bool) -> Progress:

@@ -29,8 +29,10 @@ from ..errors import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     Preempted,
+    RankDied,
     RunBusy,
     SweepStopped,
+    WriteFailed,
     describe,
 )
 
@@ -100,11 +102,18 @@ def explain(error: BaseException, interrupted: str, os_errors: bool) -> tuple[st
     if isinstance(error, SweepStopped):
         return ("stopped by SIGTERM; running runs were checkpointed and are resumed when "
                 "the sweep is started again"), EXIT_TERMINATED
+    if isinstance(error, WriteFailed):  # a full disk: the line names the file and the fix
+        return f"{error.strerror}{suffix_of(where)}", EXIT_FAILED
+    if isinstance(error, RankDied):  # says what to do
+        return f"{error}{suffix_of(where)}", EXIT_FAILED
     if os_errors and isinstance(error, OSError):
         return os_error(error), EXIT_FAILED
-    suffix = f" (run directory marked failed: {where})" if where else ""
-    return (f"{describe(error)}{suffix}; rerun with ADALORA_DEBUG=1 for the traceback",
-            EXIT_FAILED)
+    return (f"{describe(error)}{suffix_of(where)}; rerun with ADALORA_DEBUG=1 for the "
+            "traceback", EXIT_FAILED)
+
+
+def suffix_of(where) -> str:
+    return f" (run directory marked failed: {where})" if where else ""
 
 
 def interrupted_run(where) -> str:

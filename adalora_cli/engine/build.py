@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from huggingface_hub.utils import HFValidationError
+from safetensors import SafetensorError
 
 from .. import resources
 from ..config import ConfigError, RunConfig
@@ -28,7 +29,6 @@ from ..methods.base import MethodHandle
 from ..methods.registry import check_method
 from ..tasks import get_task
 from ..tasks.base import Task, TaskData
-from ..tasks.pretrained import DTYPE_KEYWORD
 from .distributed import World
 from .schedule import total_steps
 
@@ -55,23 +55,27 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
-def pick_device(name: str) -> torch.device:
-    """The device ``train.device`` names; checked before anything is written."""
+def pick_device(name: str, setting: str = "train.device") -> torch.device:
+    """The device ``name`` names; checked before anything is written. ``setting`` is where
+    the user wrote it (``train.device``, or ``--device`` for predict), for the messages."""
+    def said(value: str) -> str:  # a config key takes key=value, an option takes --opt value
+        return f"{setting}={value}" if not setting.startswith("-") else f"{setting} {value}"
+
     if not _DEVICE.match(name):
-        raise ConfigError(f"train.device={name!r} is not a device; use auto, cpu, cuda or "
+        raise ConfigError(f"{said(repr(name))} is not a device; use auto, cpu, cuda or "
                           "cuda:N")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"train.device={name} but CUDA is not available; use "
-                              "train.device=cpu (or auto)")
+            raise ConfigError(f"{said(name)} but CUDA is not available; use {said('cpu')} "
+                              "(or auto)")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"train.device={name} but only {torch.cuda.device_count()} "
+            raise ConfigError(f"{said(name)} but only {torch.cuda.device_count()} "
                               "CUDA device(s) are visible; pick one of them")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"train.device={name} but MPS is not available; use train.device=cpu")
+        raise ConfigError(f"{said(name)} but MPS is not available; use {said('cpu')}")
     return device
 
 
@@ -138,11 +142,68 @@ def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
                           "local model folder or a hub id")
     check_model_folder(name)
     try:
+        check_model_type(name)
         return task.build_model(dtype=dtype)
     except (OSError, HFValidationError) as err:  # missing folder, unknown or unreachable hub id
         raise ConfigError(
             f"could not load model {name!r} ({first_line(err)}); "
             "set model.name_or_path to a local folder or check the network") from None
+    except SafetensorError as err:  # a weights file cut short (an interrupted download)
+        file = damaged_weights(name)
+        what = str(file) if file else f"a weights file of model {name}"
+        raise ConfigError(f"{what} cannot be read ({first_line(err)}): it is damaged or "
+                          "truncated (an interrupted download?); download or copy it again"
+                          ) from None
+
+
+def damaged_weights(folder: str) -> Path | None:
+    """The first ``*.safetensors`` file in a local model folder whose header does not read
+    (only headers are read: cheap even for a 7B checkpoint)."""
+    from safetensors import safe_open
+
+    path = Path(folder).expanduser()
+    for file in sorted(path.glob("*.safetensors")) if path.is_dir() else []:
+        try:
+            with safe_open(str(file), "pt"):
+                pass
+        except SafetensorError:
+            return file
+    return None
+
+
+def check_model_type(name: str) -> None:
+    """A model whose ``config.json`` names no architecture transformers knows (no
+    ``model_type``, or a misspelt or too new one) is a one-line ConfigError, not a crash."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name)
+    except ValueError as err:  # AutoConfig's word for "cannot tell what this model is"
+        raise ConfigError(_unknown_model(name, err)) from None
+
+
+def _unknown_model(name: str, err: ValueError) -> str:
+    import difflib
+    import json
+
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    file = Path(name).expanduser() / "config.json"
+    try:
+        kind = json.loads(file.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):  # a hub id, or no JSON object
+        return (f"could not tell which architecture model {name} is ({first_line(err)}); "
+                "check model.name_or_path")
+    if not kind:
+        return (f"{file} has no model_type, so transformers cannot tell which architecture "
+                'it is; add one (e.g. "model_type": "llama") or use the folder '
+                "save_pretrained wrote")
+    close = difflib.get_close_matches(str(kind), list(CONFIG_MAPPING.keys()), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"{file} has model_type {kind!r}, which transformers {transformers.__version__} "
+            f"does not know; {hint}fix it, or upgrade transformers if the architecture is "
+            "newer")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -187,6 +248,26 @@ def trained_in_fp32(params: list[torch.nn.Parameter]) -> int:
             p.data = p.data.float()
             cast += 1
     return cast
+
+
+def no_kv_cache(model: torch.nn.Module) -> None:
+    """A training forward builds no key/value cache: nothing reads it, it costs memory,
+    and building it changes GPT-2's arithmetic (its attention then runs on the cache's
+    copies), so gradients with ``train.gradient_checkpointing``, which turns the cache off,
+    differed from those without in the last bits. A forward hook passes ``use_cache=False``
+    in training mode only: generation and scoring (eval mode) are untouched, and so is the
+    config a ``full`` run saves."""
+    import inspect
+
+    if "use_cache" not in inspect.signature(model.forward).parameters:
+        return  # an encoder (BERT): it has no cache to turn off
+
+    def hook(module, args, kwargs):
+        if module.training:
+            kwargs["use_cache"] = False
+        return args, kwargs
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
@@ -244,6 +325,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     cfg = cfg.with_final_budget(handle.n_matrices)  # adalora.target_rank -> its b(T)
     trained_in_fp32(handle.trainable)
     cast_frozen(model, dtype)
+    no_kv_cache(model)
     if cfg.train.gradient_checkpointing:
         enable_checkpointing(model)
     precision = resolve_precision(cfg.train.precision, device)

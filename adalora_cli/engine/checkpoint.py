@@ -18,11 +18,8 @@ previous one as the latest.
 
 from __future__ import annotations
 
-import errno
 import os
 import random
-import re
-import resource
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..config import RESUMABLE_KEYS, ConfigError, RunConfig, digest, flatten
-from ..errors import describe
+from ..errors import describe, first_line, writing
 from ..rundir.layout import CHECKPOINT_STATE as STATE
 from ..rundir.layout import CHECKPOINT_TENSORS as TENSORS
 from ..rundir.layout import CHECKPOINTS
@@ -112,14 +109,17 @@ def restore(state: dict[str, Any], stepper: Stepper, rank: int = 0) -> Position:
                     saved_step=state["step"], eval_pending=state.get("eval_pending", False))
 
 
-def _step_dirs(run_path: Path) -> list[tuple[int, Path]]:
+def _step_dirs(run_path: Path, complete: bool = True) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of the published checkpoints, oldest first; ``complete=False``
+    also lists folders that lost their ``state.pt`` (deleted, or a damaged disk)."""
     root = run_path / CHECKPOINTS
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
         name = child.name
-        if name.startswith("step-") and name[5:].isdigit() and (child / STATE).is_file():
+        if (name.startswith("step-") and name[5:].isdigit()
+                and (not complete or (child / STATE).is_file())):
             found.append((int(name[5:]), child))
     return sorted(found)
 
@@ -141,9 +141,12 @@ def newest_readable(run_path: Path, note=lambda text: None
     A checkpoint that does not load (a disk error, a file damaged after it was published)
     is skipped for the one before it, with a note naming both. If none loads the resume is
     refused: starting over silently would throw the run's progress away."""
-    found = checkpoints(run_path)
+    found = [path for _, path in _step_dirs(Path(run_path), complete=False)]
     bad: list[str] = []
     for path in reversed(found):
+        if not (path / STATE).is_file():  # named, never silently passed over
+            bad.append(f"{path}: no {STATE}")
+            continue
         try:
             _, state = load_checkpoint(path)
         except Exception as err:  # any damage: the reader's own words say which
@@ -322,51 +325,32 @@ def save_checkpoint(run_path: Path, step: int, tensors: dict[str, torch.Tensor],
     return final
 
 
-class WriteFailed(OSError):
-    """A file of the run could not be written; the message names it and says why."""
-
-
 def _write(tmp: Path, final: Path, write) -> None:
-    """``write(tmp)``, with a failure said as which file and why: torch's writer reports
-    a full disk as ``[enforce fail at inline_container.cc] . unexpected pos``."""
-    try:
+    """``write(tmp)``, with a failure said as which file and why, with the OS's error
+    number: torch's writer reports a full disk as ``[enforce fail at inline_container.cc]
+    . unexpected pos``, safetensors as "(os error 28)" (errors.write_failed)."""
+    with writing(final, then="resume the run", written_as=tmp, library=True):
         write(tmp)
-    except Exception as err:
-        raise WriteFailed(getattr(err, "errno", None) or errno.EIO,
-                          f"could not write {final}: {why_write_failed(tmp, err)}") from None
-
-
-def why_write_failed(path: Path, err: BaseException) -> str:
-    """The likely reason a write to ``path`` failed, in words a user can act on."""
-    code = getattr(err, "errno", None)
-    if code is None:  # safetensors (Rust) says "... (os error 28)" in its message
-        found = re.search(r"\(os error (\d+)\)", str(err))
-        code = int(found.group(1)) if found else None
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return f"{os.strerror(code)} (free some space, then resume the run)"
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    size = path.stat().st_size if path.exists() else 0
-    if code == errno.EFBIG or (limit != resource.RLIM_INFINITY and size >= limit):
-        return (f"the file size limit (ulimit -f, {limit} bytes) was reached; raise it, then "
-                "resume the run")
-    try:
-        free = os.statvfs(path.parent)
-        if free.f_bavail * free.f_frsize < 1 << 20:  # under 1 MiB left: the disk is full
-            return "No space left on device (free some space, then resume the run)"
-    except OSError:
-        pass
-    return describe(err)
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors = load_file(str(path / TENSORS))
+    """The tensors and state of one checkpoint; a file that does not read (truncated,
+    damaged) is a ValueError naming it."""
+    tensors = _read(path / TENSORS, lambda f: load_file(str(f)))
     # Our own file, written by save_checkpoint: it holds numpy's RNG state, which the
     # weights-only unpickler refuses.
-    state = torch.load(path / STATE, map_location="cpu", weights_only=False)
+    state = _read(path / STATE, lambda f: torch.load(f, map_location="cpu", weights_only=False))
     if state.get("format") != FORMAT:
         raise ValueError(f"{path} has checkpoint format {state.get('format')}, "
                          f"this version reads {FORMAT}")
     return tensors, state
+
+
+def _read(file: Path, read):
+    try:
+        return read(file)
+    except Exception as err:  # noqa: BLE001 - every reader's own error type
+        raise ValueError(f"{file.name} cannot be read ({first_line(err)})") from None
 
 
 def remove_all(run_path: Path) -> None:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ConfigError
+from ..errors import RankDied
 
 TIMEOUT = datetime.timedelta(hours=int(os.environ.get("ADALORA_DIST_TIMEOUT_HOURS", "6")))
 """How long ranks wait for each other, e.g. while rank 0 evaluates a large split."""
@@ -160,3 +161,24 @@ def check_masks(mask: torch.Tensor, step: int, w: World) -> None:
 def barrier(w: World) -> None:
     if w.distributed:
         dist.barrier()
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "remote process exited", "NCCL communicator was aborted")
+"""What gloo and NCCL say when the process at the other end of a collective is gone."""
+
+
+def rank_died(err: BaseException, w: World, run_dir: Any = None) -> RankDied | None:
+    """``err`` as a :class:`RankDied` when it is a collective failing because another rank
+    died; None for any other error."""
+    if not w.distributed or not isinstance(err, RuntimeError):
+        return None
+    text = str(err)
+    if not any(marker in text for marker in _PEER_GONE):
+        return None
+    cause = next(m for m in _PEER_GONE if m in text)
+    return RankDied(f"another process of this {w.size}-process run died ({cause}), so rank "
+                    f"{w.rank} stopped too; that process's own output (or the kernel log, "
+                    "for the out-of-memory killer) says why"
+                    + (f"; adalora train --resume {run_dir} --nproc {w.size} continues the run"
+                       if run_dir is not None else ""))

@@ -40,9 +40,12 @@ from .distributed import (
     init,
     masks_from_rank0,
     per_rank_batch,
+    rank_died,
     shutdown,
     world,
 )
+from .fingerprint import KEY as DATA_KEY
+from .fingerprint import check_data, data_record
 from .loggers import RunLogger, open_trackers
 from .order import EpochBatches, example_lengths
 from .outputs import trained_state, write_outputs
@@ -61,6 +64,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
         check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
         built = build_run(cfg, w)  # every user error is raised here, before anything is written
+        _say_notes(built, w)
         init(w, built.device.type)
         try:
             # built.cfg: b(T) written out when the config gave adalora.target_rank
@@ -87,6 +91,13 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
         check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
         built = build_run(cfg, w)
+        _say_notes(built, w)
+        if found and DATA_KEY in found[1]:  # rows appended or edited since: another run
+            check_data(found[0], found[1][DATA_KEY],
+                       data_record(built.data.train, built.data.eval_splits))
+        elif found:
+            note(f"{found[0].name} was written before checkpoints recorded their data; "
+                 "resuming without checking that the data is the same")
         init(w, built.device.type)
 
         def reopen() -> RunDir:
@@ -114,6 +125,13 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
             return _own(built, run, stop, quiet, latest, resumed=True, w=w)
         finally:
             shutdown()
+
+
+def _say_notes(built: Built, w: World) -> None:
+    """What the task has to say about the data (e.g. rows left out), once, not per rank."""
+    if w.main:
+        for line in built.data.notes:
+            warning(line)
 
 
 class Silent:
@@ -169,7 +187,8 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
         trackers = open_trackers(built.cfg, run.path, resumed=resumed, main=w.main)
         summary = _loop(built, run, stop, quiet or not w.main, latest, trackers, w)
         trackers.log_summary(summary.to_dict() if summary else {})  # finished on close
-    except BaseException as err:
+    except BaseException as caught:
+        err = rank_died(caught, w, run.path) or caught  # a rank died: said so, not a socket
         if isinstance(err, Preempted):
             run.preempt(str(err), step=err.step)
         else:
@@ -180,7 +199,9 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
             err.run_dir = run.path  # lets the CLI name the directory it marked
         except AttributeError:
             pass
-        raise
+        if err is caught:
+            raise
+        raise err from None
     finally:
         if trackers is not None:
             trackers.close()
@@ -212,6 +233,8 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     loader = DataLoader(data.train, batch_sampler=batches, generator=generator,
                         collate_fn=LengthSplit(data.collate, t_cfg.length_split))
     pos = _restore(latest, built, stepper, run, w) if latest is not None else ckpt.Position()
+    # the data's sizes and fingerprint, for every checkpoint (only rank 0 writes them)
+    dataset = data_record(data.train, data.eval_splits) if w.main else {}
 
     start = time.perf_counter()
 
@@ -219,7 +242,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         pos.seconds_now = pos.seconds + time.perf_counter() - start
         rngs = before_eval[0] if before_eval else gather(ckpt.rng_state(), w)  # every rank's
         if w.main:  # the rest of the state is the same on every rank: rank 0 writes it
-            path = _save(run, built, stepper, generator, pos, rngs, before_eval)
+            path = _save(run, built, stepper, generator, pos, rngs, dataset, before_eval)
             pos.checkpoint_bytes = _size(path)
         pos.saved_step = pos.step
 
@@ -366,14 +389,15 @@ def _size(path: Path) -> int:
 
 
 def _save(run: RunDir, built: Built, stepper: Stepper, generator: torch.Generator,
-          pos: ckpt.Position, rngs: list[dict], before_eval: tuple[list, dict] | None = None
-          ) -> Path:
+          pos: ckpt.Position, rngs: list[dict], dataset: dict[str, Any],
+          before_eval: tuple[list, dict] | None = None) -> Path:
     """``before_eval``: the RNG states and stream sizes from before an evaluation that a
     stop signal cut short; saved instead of the current ones, with the evaluation pending."""
     rngs, streams = before_eval if before_eval else (rngs, run.stream_sizes())
     state = {**ckpt.state_of(stepper, generator, pos, rngs, streams,
                              eval_pending=before_eval is not None),
-             **ckpt.config_record(built.cfg)}  # a resume under another config is refused
+             **ckpt.config_record(built.cfg),  # a resume under another config is refused
+             DATA_KEY: dataset}  # ... and so is one on other data
     return ckpt.save_checkpoint(run.path, pos.step, trained_state(built.model, built.handle),
                                 state, keep=built.cfg.train.keep_checkpoints)
 

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..config import RunConfig
+from ..errors import writing
 from ..methods.base import MethodHandle, head_parameters
 from ..methods.registry import config_digest, method_spec
 from ..rundir.layout import ALLOCATOR_STATE, FULL_MODEL, HEATMAP, RANK_PATTERN, WEIGHTS
@@ -27,6 +28,10 @@ from ..rundir.summary import ExportFacts, Summary
 
 if TYPE_CHECKING:
     from .build import Built
+
+
+RESUME = "resume the run"
+"""What to do about a full disk once there is room: the checkpoint at T is still there."""
 
 
 def trained_state(model: nn.Module, handle: MethodHandle) -> dict[str, torch.Tensor]:
@@ -44,21 +49,25 @@ def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Pa
                  tokenizer: Any = None) -> dict[str, Any]:
     """Write the weights into the run directory; returns what was written for the summary."""
     written: dict[str, Any] = {}
+    # a failed write (a full disk) names the file: the libraries' own errors do not
     if method_spec(cfg.method.name).saves_whole_model:
-        model.save_pretrained(out / FULL_MODEL, safe_serialization=True)
-        if tokenizer is not None:  # so model/ loads on its own, like any checkpoint
-            tokenizer.save_pretrained(out / FULL_MODEL)
+        with writing(out / FULL_MODEL, then=RESUME, library=True):
+            model.save_pretrained(out / FULL_MODEL, safe_serialization=True)
+            if tokenizer is not None:  # so model/ loads on its own, like any checkpoint
+                tokenizer.save_pretrained(out / FULL_MODEL)
         follow_umask(out / FULL_MODEL)
         written["model_dir"] = FULL_MODEL
     else:
         state = trained_state(model, handle)
-        save_file(state, str(out / WEIGHTS), metadata={"method": cfg.method.name})
+        with writing(out / WEIGHTS, then=RESUME, library=True):
+            save_file(state, str(out / WEIGHTS), metadata={"method": cfg.method.name})
         follow_umask(out / WEIGHTS)  # safetensors writes 0600: a collaborator could not read
         written["file"] = WEIGHTS
         written["tensors"] = len(state)
     allocator = handle.allocator
     if allocator is not None:
-        torch.save(allocator.state_dict(), out / ALLOCATOR_STATE)
+        with writing(out / ALLOCATOR_STATE, then=RESUME, library=True):
+            torch.save(allocator.state_dict(), out / ALLOCATOR_STATE)
         written["allocator_state"] = ALLOCATOR_STATE
     return written
 
@@ -130,9 +139,10 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
         summary.final_mean_rank = round(summary.final_budget / handle.n_matrices, 4)
         from ..heatmap import plot_rank_heatmap  # matplotlib: only when a heatmap is drawn
 
-        plot_rank_heatmap(pattern, run.path / HEATMAP,
-                          title=f"{cfg.task.name} {cfg.method.name}: final ranks "
-                                f"(budget {sum(pattern.values())})")
+        with writing(run.path / HEATMAP, then=RESUME, library=True):
+            plot_rank_heatmap(pattern, run.path / HEATMAP,
+                              title=f"{cfg.task.name} {cfg.method.name}: final ranks "
+                                    f"(budget {sum(pattern.values())})")
     if cfg.train.save_weights:
         summary.weights = save_weights(built.model, handle, cfg, run.path, built.tokenizer)
     return summary

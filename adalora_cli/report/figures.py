@@ -206,8 +206,12 @@ def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    _plt().close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as err:  # matplotlib's own error does not say which file (a full disk)
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+    finally:
+        _plt().close(fig)
     return path
 
 

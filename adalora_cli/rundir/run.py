@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, RunConfig, dump_config
-from ..errors import RunBusy
+from ..errors import RunBusy, WriteFailed, write_failed, writing
 from .layout import (
     CONFIG,
     HEARTBEAT,
@@ -57,6 +57,7 @@ def follow_umask(path: Path) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """``path`` replaced by ``text`` whole or not at all; a failure names ``path``."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text)
@@ -64,10 +65,10 @@ def write_text_atomic(path: Path, text: str) -> None:
     except OSError as err:
         tmp.unlink(missing_ok=True)
         if err.errno not in NO_ROOM or not path.exists():
-            raise
+            raise write_failed(path, err) from None
         # A full disk has no room for the copy, but a short status still fits over the
         # blocks of the old one: rewrite it in place rather than leave a stale status.
-        with open(path, "r+") as f:
+        with writing(path), open(path, "r+") as f:
             f.write(text)
             f.truncate()
 
@@ -138,9 +139,10 @@ class RunDir:
             try:
                 write_text_atomic(path / CONFIG, dump_config(cfg))
             except OSError as err:  # e.g. a full disk: say so in the status, then stop
-                run.fail(f"could not write {path / CONFIG}: {err.strerror or err}")
-                raise OSError(err.errno, f"could not write {path / CONFIG}: "
-                                         f"{err.strerror or err}") from None
+                failed = err if isinstance(err, WriteFailed) else write_failed(path / CONFIG,
+                                                                                err)
+                run.fail(failed.strerror)
+                raise failed from None
         return run
 
     @staticmethod
@@ -239,24 +241,29 @@ class RunDir:
 
     # ---------------------------------------------------------------- streams
     def log(self, row: dict[str, Any]) -> None:
-        if self._metrics is None:
-            self._metrics = open(self.path / METRICS, "a", buffering=1)
-        self._metrics.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
+        line = json.dumps(json_safe(row), allow_nan=False) + "\n"
+        # a full disk: the error names the file
+        with writing(self.path / METRICS, then="resume the run"):
+            if self._metrics is None:
+                self._metrics = open(self.path / METRICS, "a", buffering=1)
+            self._metrics.write(line)
         self._rows[METRICS] = self._rows.get(METRICS, 0) + 1
 
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None:
-        if self._ranks is None:
-            self._ranks = open(self.path / RANK_HISTORY, "a", buffering=1)
-        self._ranks.write(json.dumps({"step": step, "ranks": ranks}) + "\n")
+        with writing(self.path / RANK_HISTORY, then="resume the run"):
+            if self._ranks is None:
+                self._ranks = open(self.path / RANK_HISTORY, "a", buffering=1)
+            self._ranks.write(json.dumps({"step": step, "ranks": ranks}) + "\n")
         self._rows[RANK_HISTORY] = self._rows.get(RANK_HISTORY, 0) + 1
 
     def stream_sizes(self) -> dict[str, Any]:
         """Bytes and rows written to each stream so far, synced to disk with the checkpoint
         that records them ({name: bytes, ..., "rows": {name: rows}})."""
-        for stream in (self._metrics, self._ranks):
+        for name, stream in ((METRICS, self._metrics), (RANK_HISTORY, self._ranks)):
             if stream is not None:
-                stream.flush()
-                os.fsync(stream.fileno())  # a host crash must not leave the log shorter
+                with writing(self.path / name, then="resume the run"):
+                    stream.flush()
+                    os.fsync(stream.fileno())  # a host crash must not leave the log shorter
         sizes: dict[str, Any] = {
             name: (self.path / name).stat().st_size if (self.path / name).exists() else 0
             for name in STREAMS}
@@ -308,12 +315,14 @@ class RunDir:
     def close(self, quiet: bool = False) -> None:
         """Close the streams; ``quiet``: on the failure path, where the flush may fail
         again for the reason the run is failing (a full disk)."""
-        streams, self._metrics, self._ranks = (self._metrics, self._ranks), None, None
-        for stream in streams:
+        streams = ((METRICS, self._metrics), (RANK_HISTORY, self._ranks))
+        self._metrics = self._ranks = None
+        for name, stream in streams:
             if stream is None:
                 continue
             try:
-                stream.close()
+                with writing(self.path / name, then="resume the run"):
+                    stream.close()
             except OSError:
                 if not quiet:
                     raise

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from ..config import load_config
+from ..errors import writing
 from ..rundir.layout import CONFIG, LAUNCH, SWEEP_LOG, SWEEP_MANIFEST
 from ..rundir.owner import identity, launch_alive, owner_alive
 from ..rundir.run import is_finished, locked
@@ -60,7 +61,8 @@ def claim_launch(path: Path) -> str | None:
         state = run_state(path)
         if state in ("finished", "running"):
             return None
-        (path / LAUNCH).write_text(json.dumps(identity()) + "\n")
+        with writing(path / LAUNCH):
+            (path / LAUNCH).write_text(json.dumps(identity()) + "\n")
         return state
 
 
@@ -103,7 +105,7 @@ class SweepLog:
     def event(self, run: str, event: str, **fields: object) -> None:
         row = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "run": run, "event": event, **fields}
-        with open(self.path, "a") as f:
+        with writing(self.path), open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
 
@@ -114,17 +116,20 @@ def write_manifest(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path) -> 
             "runs": [{"name": r.name, "config": str(r.config), "method": r.method,
                       "budget_level": r.budget_level, "seed": r.seed, "size": r.size,
                       "overrides": list(r.overrides)} for r in runs]}
-    (sweep_dir / SWEEP_MANIFEST).write_text(yaml.safe_dump(data, sort_keys=False))
+    with writing(sweep_dir / SWEEP_MANIFEST):
+        (sweep_dir / SWEEP_MANIFEST).write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def last_error(log: Path) -> str:
+    """The run's own one-line error (its last ``error:`` line), whole: a child's error is
+    one line by the CLI's promise, and cutting it at a length lost the fix at its end."""
     try:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
                  if line.strip()]
     except OSError:
         return "no log"
     errors = [line for line in lines if line.startswith("error:")]
-    return (errors or lines or ["exited without output"])[-1][:300]
+    return (errors or lines or ["exited without output"])[-1]
 
 
 def clear_empty(path: Path) -> None:

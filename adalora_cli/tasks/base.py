@@ -40,6 +40,8 @@ class TaskData:
     (including ``labels``, so the model returns ``.loss``)."""
     info: dict[str, Any] = field(default_factory=dict)
     """Facts for the summary, e.g. split sizes."""
+    notes: list[str] = field(default_factory=list)
+    """One line each for the user, e.g. which rows were left out and why."""
 
 
 def no_autocast() -> contextlib.AbstractContextManager:

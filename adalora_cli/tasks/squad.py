@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, RunConfig
-from ..errors import first_line
+from ..errors import first_line, writing
 from ..rundir.layout import PREDICTIONS, split_predictions
 from . import data as rawdata
 from . import eval_order, squad_postprocess, squad_scoring
@@ -302,8 +302,9 @@ class SquadTask(Task):
         for split, predictions in self.predictions.items():
             name = PREDICTIONS if len(self.predictions) == 1 else split_predictions(split)
             path = Path(run_dir) / name
-            path.write_text(json.dumps(predictions, indent=1, ensure_ascii=False) + "\n",
-                            encoding="utf-8")
+            with writing(path):  # a full disk: the error names the file
+                path.write_text(json.dumps(predictions, indent=1, ensure_ascii=False) + "\n",
+                                encoding="utf-8")
             written.append(path)
         return written
 

@@ -272,3 +272,39 @@ def test_a_rank_side_error_is_one_line_under_nproc(tmp_path):
     assert lines == ["error: model folder tests/fixtures/no-such-model does not exist; set "
                      "model.name_or_path to a local model folder or a hub id"]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.e2e
+def test_a_killed_rank_is_said_by_its_partner_and_the_launcher(tmp_path):
+    """Rank 1 SIGKILLed after step 5: rank 0's next collective fails; it says a rank died
+    (not gloo's socket error) and how to resume, and the launcher says which rank and how."""
+    out = tmp_path / "run"
+    proc = adalora("train", SMOKE, "--nproc", "2", "--run-dir", str(out), "--quiet",
+                   env={"ADALORA_FAULT": "kill:1@step=5"})
+    assert proc.returncode == 128 + 9
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines, proc.stderr + "|||" + proc.stdout
+    said = lines[0].removeprefix("error: ")
+    assert said.startswith("another process of this 2-process run died (Connection ")
+    assert said.endswith(f"), so rank 0 stopped too; that process's own output (or the kernel "
+                         "log, for the out-of-memory killer) says why; adalora train --resume "
+                         f"{out} --nproc 2 continues the run (run directory marked failed: "
+                         f"{out})")
+    assert lines[1:] == ["error: rank 1 was killed by SIGKILL (as the out-of-memory killer "
+                         "does)"]
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and status["error"].startswith("RankDied: another")
+
+
+def test_only_a_lost_peer_of_a_distributed_run_is_a_dead_rank():
+    from adalora_cli.engine.distributed import rank_died
+
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[127.0.0.1]:50388. This is typically caused by a remote worker")
+    assert rank_died(gloo, World(0, 1, 0)) is None  # one process: nothing to lose
+    assert rank_died(RuntimeError("shape mismatch"), World(0, 2, 0)) is None
+    died = rank_died(gloo, World(1, 4, 1), "runs/x")
+    assert str(died) == ("another process of this 4-process run died (Connection closed by "
+                         "peer), so rank 1 stopped too; that process's own output (or the "
+                         "kernel log, for the out-of-memory killer) says why; adalora train "
+                         "--resume runs/x --nproc 4 continues the run")

@@ -7,6 +7,7 @@ written into the fixtures, never read back from the implementation.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
@@ -317,6 +318,50 @@ def test_cli_writes_every_format(runs, tmp_path):
     assert {p.name for p in out.iterdir()} == {"report.md", "report.tex", "results.csv",
                                                "training_cost.csv", "figures"}
     assert len(list((out / "figures").glob("*.png"))) == 4
+
+
+def _full_disk(monkeypatch, victim: str) -> None:
+    """Writes fail as on a full disk: ``report.md`` after half its text, a PNG with the file
+    created and nothing in it (what a full disk left before)."""
+    real = Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        if self.name == "report.md":
+            real(self, data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, data, *args, **kwargs)
+
+    def savefig(self, fname, *args, **kwargs):
+        Path(fname).write_bytes(b"")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if victim == "report.md":
+        monkeypatch.setattr(Path, "write_text", write_text)
+    else:
+        from matplotlib.figure import Figure
+
+        monkeypatch.setattr(Figure, "savefig", savefig)
+
+
+@pytest.mark.parametrize("victim, failed", [
+    ("report.md", "report.md"), ("png", "figures/fig3_rank_rte-adalora-b144.png")])
+def test_a_full_disk_leaves_the_out_folder_as_it_was(runs, tmp_path, monkeypatch, victim,
+                                                     failed):
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.md").write_text("the earlier report\n")
+    _full_disk(monkeypatch, victim)
+    result = runner.invoke(app, ["report", str(runs), "--format", "markdown,csv", "--out",
+                                 str(out)])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (f"error: could not write {out / failed}: No space left "
+                                     "on device (free some space)")
+    assert [p.name for p in out.iterdir()] == ["report.md"]  # no partial folder, no figures
+    assert (out / "report.md").read_text() == "the earlier report\n"
+    fresh = tmp_path / "fresh" / "report"  # a folder made for the report goes again
+    result = runner.invoke(app, ["report", str(runs), "--format", "markdown", "--out",
+                                 str(fresh)])
+    assert result.exit_code == 1 and not fresh.exists()
 
 
 @pytest.mark.parametrize("args, fragment", [
