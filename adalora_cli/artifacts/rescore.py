@@ -87,7 +87,7 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None,
             name: str | None = None, quiet: bool = False) -> Path:
     """Evaluate a finished run; returns the path of ``eval/<name>.json``."""
     from ..engine.build import autocast_factory, pick_device
-    from ..engine.loggers import warn
+    from ..errors import warning
     from ..tasks import get_task
     from .load import load_run
 
@@ -101,7 +101,7 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None,
     model, tokenizer, _ = load_run(run_dir, str(device))
     data = task.load_data(tokenizer)
     for line in data.notes:  # e.g. rows left out of the scored split
-        warn(line)
+        warning(line)
     autocast, _ = autocast_factory(cfg.train.precision, device)
     metrics: dict[str, dict[str, float]] = {}
     for split, dataset in data.eval_splits.items():
