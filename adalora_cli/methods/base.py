@@ -125,7 +125,10 @@ class RankController(Protocol):
         """Flat 0/1 tensor of the ranks kept now; compared across processes."""
         ...
 
-    def step(self, t: int) -> StepReport | None: ...
+    def step(self, t: int, scored: bool = True) -> StepReport | None:
+        """After optimizer step t; ``scored=False``: the fp16 loss scaler skipped it, and
+        nothing about it may enter the controller's scores."""
+        ...
 
     def rank_pattern(self) -> dict[str, int]: ...
 
@@ -164,9 +167,10 @@ class MethodHandle:
     """Unweighted regularizer R (logged under ``reg_name``)."""
     reg_name: str = "orth_reg"
     """The name the regularizer is logged under in metrics.jsonl (SoRA's is ``gate_l1``)."""
-    after_step: Callable[[int], StepReport | None] | None = None
+    after_step: Callable[..., StepReport | None] | None = None
     """Called with the optimizer step t (from 1) after optimizer.step() and before
-    zero_grad(); returns values to log, e.g. {"budget": b_t} and, at mask events,
+    zero_grad(), and ``scored=False`` for a step the fp16 loss scaler skipped; returns
+    values to log, e.g. {"budget": b_t} and, at mask events,
     {"ranks": {module path: rank}}."""
     allocator: RankController | None = None
     """What decides the ranks while training (AdaLoRA's or prune-LoRA's allocator, SoRA's

@@ -111,6 +111,10 @@ class IncreLoRALinear(LinearWrapper):
         g = grad.detach().float()
         self._grad = g.clone() if self._grad is None else self._grad + g
 
+    def drop_collected(self) -> None:
+        """Forget this step's Delta W and gradient (a step the loss scaler skipped)."""
+        self._dw, self._grad = None, None
+
     def take_sensitivity(self) -> torch.Tensor:
         """This step's ``sum |Delta W * dL/dDelta W| / sqrt(d_out d_in)`` (a 0-d fp32 tensor
         on the layer's device); 0 without a gradient. Clears what the step collected."""
@@ -230,13 +234,23 @@ class RankGrower:
         return torch.stack([s.to(scores[0].device) for s in scores]).double().cpu()  # one sync
 
     @torch.no_grad()
-    def step(self, t: int) -> StepReport:
-        """After ``optimizer.step()``: update the scores, grow at a growth event."""
+    def step(self, t: int, scored: bool = True) -> StepReport:
+        """After ``optimizer.step()``: update the scores, grow at a growth event.
+
+        ``scored=False``: the fp16 loss scaler skipped this step (its gradients are not
+        finite), so what the layers collected is dropped and the averages stay as they
+        were; as AdaLoRA's allocator does, ``t`` still counts it and a growth event due at
+        ``t`` uses the averages so far."""
         if not self.growing:
             return StepReport(self.total())
-        I = self.sensitivities()  # (n,)
-        self.I_bar.mul_(self.beta1).add_(I, alpha=1 - self.beta1)  # Eq. 9
-        self.U_bar.mul_(self.beta2).add_((I - self.I_bar).abs(), alpha=1 - self.beta2)  # Eq. 10
+        if scored:
+            I = self.sensitivities()  # (n,)
+            self.I_bar.mul_(self.beta1).add_(I, alpha=1 - self.beta1)  # Eq. 9
+            self.U_bar.mul_(self.beta2).add_((I - self.I_bar).abs(),
+                                             alpha=1 - self.beta2)  # Eq. 10
+        else:
+            for layer in self._layers:
+                layer.drop_collected()
         ranks = None
         if self.plan.is_event(t):
             self.grow(self.I_bar * self.U_bar)  # Eq. 11 per matrix

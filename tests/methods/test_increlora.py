@@ -135,14 +135,17 @@ def test_the_regularizer_sees_born_triplets_only():
 # --------------------------------------------------------------------------- the decisions
 
 
-def _reference(inputs, n, plan, beta1=0.85, beta2=0.85):
-    """Ranks after every step from the equations alone: inputs[t][k] = (Delta W, grad)."""
+def _reference(inputs, n, plan, beta1=0.85, beta2=0.85, skipped=()):
+    """Ranks after every step from the equations alone: inputs[t][k] = (Delta W, grad);
+    a step in ``skipped`` (by the fp16 loss scaler) updates no average."""
     rank = [plan.init_rank] * n
     i_bar, u_bar = [0.0] * n, [0.0] * n
     history = []
     for t, step in enumerate(inputs, start=1):
         if sum(rank) < plan.budget:
             for k, (dw, g) in enumerate(step):
+                if t in skipped:
+                    break
                 s = float((dw * g).abs().sum()) / math.sqrt(dw.numel())
                 i_bar[k] = beta1 * i_bar[k] + (1 - beta1) * s
                 u_bar[k] = beta2 * u_bar[k] + (1 - beta2) * abs(s - i_bar[k])
@@ -156,6 +159,37 @@ def _reference(inputs, n, plan, beta1=0.85, beta2=0.85):
                     left -= give
         history.append(list(rank))
     return history
+
+
+def test_a_step_the_fp16_loss_scaler_skips_updates_no_average():
+    """Skipped steps (infinite gradients collected) enter no average and leave nothing
+    collected behind; a growth event at a skipped step still grows from the averages so far."""
+    T, skipped = 32, {5, 6, 10, 11}  # 6 and 10 are growth events (t_init 4, delta_t 2)
+    model = tiny_bert()
+    handle = apply_method(model, _cfg(budget=23, top_h=3, add_rank=2), T)
+    grower, layers = handle.allocator, [layer for _, layer in handle.layers]
+    gen = torch.Generator().manual_seed(5)
+    inputs, got = [], []
+    for t in range(1, T + 1):
+        step = []
+        for k, layer in enumerate(layers):
+            shape = (layer.out_features, layer.in_features)
+            dw = torch.randn(shape, generator=gen) * (1 + 3 * (k % 4 == t % 4))
+            g = torch.randn(shape, generator=gen)
+            step.append((dw, g))
+            if not layer.scoring:  # growth is over: the forward collects nothing
+                continue
+            layer._dw, layer._grad = dw, g.clone()
+            if t in skipped:  # what an fp16 overflow leaves in the collected gradient
+                layer._grad[0, 0] = math.inf
+        inputs.append(step)
+        grower.step(t, scored=t not in skipped)
+        assert all(layer._dw is None and layer._grad is None for layer in layers)
+        assert torch.isfinite(grower.I_bar).all() and torch.isfinite(grower.U_bar).all()
+        got.append(list(grower.rank_pattern().values()))
+    assert got == _reference(inputs, len(layers), grower.plan, skipped=skipped)
+    assert got[5] != got[4]  # step 6, skipped, still grew
+    assert got != _reference(inputs, len(layers), grower.plan)  # the skips mattered
 
 
 @pytest.mark.parametrize("section", [

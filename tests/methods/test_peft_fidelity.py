@@ -7,8 +7,9 @@ Tolerance: the logits (of order 1) agree to 1e-5 absolute before and after the s
 every trained tensor after the step to 2e-5 absolute. Adam's first step moves an entry by
 about the learning rate (1e-2) times ``g / (|g| + eps)``, so an entry whose gradient is near
 eps = 1e-8 turns the last-bit differences of two summation orders into a few 1e-6; a wrong
-scaling, group or learning rate shows by orders of magnitude more. B and DoRA's magnitude are set away from their zero / ||W0|| starts first,
-so that every path of the forward and every gradient is exercised.
+scaling, group or learning rate shows by orders of magnitude more. B and DoRA's magnitude
+are set away from their zero / ||W0|| starts first, so that every path of the forward and
+every gradient is exercised.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def test_rank_decisions_equal_the_reference_on_identical_gradients():
     lrs = [lr * (T - s) / T for s in range(T)]  # linear decay, no warm-up
     xis = [xi_at(t, T, cfg.sora) for t in range(1, T + 1)]
     assert xis == pytest.approx([0.02, 0.02, 0.05, 0.05, 0.08, 0.08])
-    for k, layer in enumerate(layers):
+    for k in range(len(layers)):
         ref = _reference_adam_prox(start[k], [grads[s][k] for s in range(T)], lrs, xis)
         for t in range(T):
             assert [x == 0 for x in got[t][k]] == [x == 0 for x in ref[t]], (k, t)
@@ -133,3 +133,45 @@ def test_bad_sora_settings_are_one_line_errors():
         run_config("sora", sora={"r_max": 0})
     with pytest.raises(ConfigError, match="sora.xi and sora.l1 must be >= 0"):
         run_config("sora", sora={"l1": -1})
+
+
+def test_a_step_the_fp16_loss_scaler_skips_moves_no_gate():
+    """Under fp16 loss scaling a step with an infinite gradient is skipped whole: no AdamW
+    step and no proximal step on the gates; the rest equals the reference without it (its
+    lr and xi schedules still count the skipped step)."""
+    T, lr, xi, skip = 6, 0.05, 0.02, 3
+    model = tiny_bert()
+    cfg = run_config("sora", sora={"r_max": 4, "xi": xi, "xi_max": 0.08, "xi_steps": 3})
+    handle = apply_method(model, cfg, T)
+    layers = [layer for _, layer in handle.layers]
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for layer in layers:
+            layer.gate.copy_(torch.randn(4, generator=gen) * 0.15)
+    start = [layer.gate.detach().tolist() for layer in layers]
+    grads = [[torch.randn(4, generator=gen).tolist() for _ in layers] for _ in range(T)]
+    train = TrainConfig(learning_rate=lr, max_grad_norm=0.0)
+    stepper = Stepper.build(model, handle, train, steps=T, device=torch.device("cpu"))
+    stepper.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    stepper.scaler.scale(torch.ones(()))  # the scaler makes its scale on first use
+    got, reports = [], []
+    for t in range(1, T + 1):
+        for layer, grad in zip(layers, grads[t - 1]):
+            # the scaled loss's gradient (the scale halves after the skipped step)
+            layer.gate.grad = torch.tensor(grad) * stepper.scaler.get_scale()
+        if t == skip:  # an fp16 overflow in one gate's gradient
+            layers[0].gate.grad[1] = math.inf
+        reports.append(stepper.update(t))
+        got.append([layer.gate.detach().tolist() for layer in layers])
+    assert [r.skipped for r in reports] == [t == skip for t in range(1, T + 1)]
+    assert got[skip - 1] == got[skip - 2]  # bit for bit: nothing moved at the skipped step
+    assert reports[skip - 1].ranks is None
+    assert reports[skip - 1].budget == sum(x != 0 for row in got[skip - 2] for x in row)
+    kept = [s for s in range(T) if s != skip - 1]
+    lrs = [lr * (T - s) / T for s in kept]
+    xis = [xi_at(s + 1, T, cfg.sora) for s in kept]
+    for k in range(len(layers)):
+        ref = _reference_adam_prox(start[k], [grads[s][k] for s in kept], lrs, xis)
+        for t, row in enumerate(got[:skip - 1] + got[skip:]):
+            assert [x == 0 for x in row[k]] == [x == 0 for x in ref[t]], (k, t)
+            assert row[k] == pytest.approx(ref[t], abs=1e-6), (k, t)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
