@@ -216,21 +216,26 @@ def _load_conversion(dataset: str, config_name: str | None, script: str, source:
 
 def _load_pinned(dataset: str, config_name: str | None, revision: str, source: str,
                  files_fix: str) -> Any:
-    """``task.revision``: exactly that revision, no fallback (the user chose it)."""
+    """``task.revision``: exactly that revision, no fallback (the user chose it).
+
+    A script at that revision is looked for first: when ``datasets`` meets one, it falls
+    back to whatever it cached of the dataset, and would quietly hand over another
+    revision's rows."""
+    script = _script_in(dataset, revision)
     try:
-        return _hub_call(dataset, config_name, revision)
+        if script is None:
+            return _hub_call(dataset, config_name, revision)
     except Exception as err:  # noqa: BLE001 - unknown revision, script, offline: user-fixable
-        script = refused_script(err) or _script_in(dataset, revision)
-        if script is not None:
+        script = refused_script(err)
+        if script is None:
             raise ConfigError(
-                f"{source} at revision {revision} holds a loading script ({script}), which "
-                f"datasets {datasets.__version__} no longer runs; set "
-                f"task.revision={CONVERSION} (the hub's parquet conversion), or download the "
-                f"splits and set {files_fix}") from None
-        raise ConfigError(
-            f"could not load {source} at revision {revision} from the hub "
-            f"({type(err).__name__}: {first_line(err)[:200]}); task.revision takes a branch, "
-            f"tag, commit id or {CONVERSION}, or set {files_fix}") from None
+                f"could not load {source} at revision {revision} from the hub "
+                f"({type(err).__name__}: {first_line(err)[:200]}); task.revision takes a "
+                f"branch, tag, commit id or {CONVERSION}, or set {files_fix}") from None
+    raise ConfigError(
+        f"{source} at revision {revision} holds a loading script ({script}), which "
+        f"datasets {datasets.__version__} no longer runs; set task.revision={CONVERSION} "
+        f"(the hub's parquet conversion), or download the splits and set {files_fix}")
 
 
 def describe_source(task: TaskConfig, split: str, *, dataset: str | None,

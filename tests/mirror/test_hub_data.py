@@ -92,9 +92,12 @@ def test_revision_through_the_cli_is_recorded_in_the_run(local_hub, tmp_path):
 def test_a_pinned_revision_holding_a_script_is_a_one_line_error(local_hub, tmp_path):
     old = local_hub.server.hub.repos[("dataset", "nyu-mll/glue")].reader.commits(
         local_hub.commit("dataset", "nyu-mll/glue", "main"))[-1]["id"]  # "Upload glue.py"
+    # main's rte already cached: datasets, meeting the old script, would answer from it
+    out, _ = load_splits(local_hub, tmp_path, name="rte", dataset="nyu-mll/glue", config="rte")
+    assert out["rows"] == {"train": 48, "validation": 24}
     run = tmp_path / "run"
     done = local_hub.run("train", "configs/glue/rte.yaml", f"task.revision={old}", *STEPS,
-                         "--run-dir", str(run), "--quiet")
+                         "--run-dir", str(run), "--quiet", home=tmp_path)
     assert done.returncode == 2
     error = done.stderr.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("error: "), done.stderr
@@ -118,9 +121,12 @@ def test_a_script_without_a_conversion_names_both_and_the_files_way(local_hub, t
 
 
 @pytest.mark.parametrize("token", [None, "hf_someoneWithoutAccess"], ids=["no-token", "no-access"])
-def test_a_gated_model_says_to_accept_the_licence_and_log_in(local_hub, token):
+def test_a_gated_model_says_to_accept_the_licence_and_log_in(local_hub, tmp_path, token):
+    # a fresh cache: once downloaded with access, huggingface_hub serves the cached files
+    # to later runs on that machine, token or not
     done = local_hub.run("train", "configs/causal_lm/llama.yaml",
-                         "task.data_dir=tests/fixtures/causal_lm/qa", "--dry-run", token=token)
+                         "task.data_dir=tests/fixtures/causal_lm/qa", "--dry-run", token=token,
+                         home=tmp_path)
     assert done.returncode == 2
     error = done.stderr.strip().splitlines()
     assert len(error) == 1, done.stderr

@@ -244,3 +244,14 @@ def test_revision_is_pinned_without_any_fallback(monkeypatch, capsys):
         data.load_splits(TaskConfig(name="xsum", revision="old"), ["train"],
                          dataset="EdinburghNLP/xsum")
     assert capsys.readouterr().err == ""  # a pinned revision is never swapped for another
+
+
+def test_a_pinned_script_is_refused_before_datasets_can_answer_from_its_cache(monkeypatch):
+    # datasets meeting a script falls back to any cached copy of the dataset, which would
+    # be another revision's rows: the hub is asked about the script first
+    calls = fake_hub(monkeypatch, {"old": splits()}, script_on_hub=True)
+    with pytest.raises(ConfigError, match=r"at revision old holds a loading script \(xsum.py\)"):
+        data.load_splits(TaskConfig(name="xsum", revision="old"), ["train"],
+                         dataset="EdinburghNLP/xsum")
+    assert calls == []
+
