@@ -28,6 +28,7 @@ from ..methods.budget_params import budget_info
 from ..methods.registry import check_method
 from ..tasks import get_task
 from ..tasks.base import Task, TaskData
+from . import sharding
 from .distributed import World
 from .schedule import total_steps
 
@@ -226,6 +227,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     resolved = resolve_resources(cfg)
     seed_everything(cfg.train.seed)
     check_method(cfg)  # an unknown method name fails before the model is loaded
+    sharding.check(cfg, w or World(), device, autocast_factory(cfg.train.precision, device)[1])
     task = get_task(resolved)
     dtype = base_dtype(cfg, device)  # what the run asks for, not what the checkpoint stores
     model, tokenizer = load_model(task, resolved, dtype)
@@ -238,6 +240,8 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     cast_frozen(model, dtype)
     if cfg.train.gradient_checkpointing:
         enable_checkpointing(model)
+    if sharding.enabled(cfg):
+        sharding.find_blocks(model)  # a model it cannot shard is refused here
     return Built(cfg, task, model, tokenizer, data, handle, steps, device)
 
 

@@ -25,6 +25,7 @@ from ..rundir.layout import ALLOCATOR_STATE, FULL_MODEL, HEATMAP, RANK_PATTERN, 
 from ..rundir.run import RunDir, follow_umask
 from ..rundir.summary import Summary
 from ..tasks.columns import task_report
+from .sharding import Final, model_class
 
 if TYPE_CHECKING:
     from .build import Built
@@ -42,8 +43,9 @@ def trained_state(model: nn.Module, handle: MethodHandle) -> dict[str, torch.Ten
 
 
 def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Path,
-                 tokenizer: Any = None) -> dict[str, Any]:
-    """Write the weights into the run directory; returns what was written for the summary."""
+                 tokenizer: Any = None, final: Final | None = None) -> dict[str, Any]:
+    """Write the weights into the run directory; returns what was written for the summary.
+    ``final``: a sharded run's trained tensors and allocator state, made whole."""
     written: dict[str, Any] = {}
     if method_spec(cfg.method.name).saves_whole_model:
         model.save_pretrained(out / FULL_MODEL, safe_serialization=True)
@@ -52,14 +54,15 @@ def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Pa
         follow_umask(out / FULL_MODEL)
         written["model_dir"] = FULL_MODEL
     else:
-        state = trained_state(model, handle)
+        state = final.weights if final is not None else trained_state(model, handle)
         save_file(state, str(out / WEIGHTS), metadata={"method": cfg.method.name})
         follow_umask(out / WEIGHTS)  # safetensors writes 0600: a collaborator could not read
         written["file"] = WEIGHTS
         written["tensors"] = len(state)
     allocator = handle.allocator
     if allocator is not None:
-        torch.save(allocator.state_dict(), out / ALLOCATOR_STATE)
+        torch.save(final.allocator if final is not None else allocator.state_dict(),
+                   out / ALLOCATOR_STATE)
         written["allocator_state"] = ALLOCATOR_STATE
     return written
 
@@ -77,7 +80,7 @@ def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> dict
     return {
         "base_model": cfg.model.name_or_path,
         "revision": getattr(getattr(model, "config", None), "_commit_hash", None),
-        "model_class": type(model).__name__,
+        "model_class": model_class(model).__name__,
         "model_type": getattr(getattr(model, "config", None), "model_type", None),
         "target_modules": [path for path, _ in handle.layers],
         "head_modules": head_modules(model),
@@ -93,9 +96,10 @@ def _peak_memory(device: torch.device) -> int:
 
 
 def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
-                  epochs: float) -> dict[str, Any]:
+                  epochs: float, final: Final | None = None) -> dict[str, Any]:
     """Write a finished run's outputs (rank pattern, heatmap, weights); return the summary
-    as the dict of a :class:`~adalora_cli.rundir.summary.Summary` (the loop adds to it)."""
+    as the dict of a :class:`~adalora_cli.rundir.summary.Summary` (the loop adds to it).
+    ``final``: a sharded run's weights, gathered whole (``sharding.gather_final``)."""
     cfg, handle = built.cfg, built.handle
     status = RunDir.read_status(run.path) or {}
     summary = Summary(
@@ -131,5 +135,6 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
                           title=f"{cfg.task.name} {cfg.method.name}: final ranks "
                                 f"(budget {sum(pattern.values())})")
     if cfg.train.save_weights:
-        summary.weights = save_weights(built.model, handle, cfg, run.path, built.tokenizer)
+        summary.weights = save_weights(built.model, handle, cfg, run.path, built.tokenizer,
+                                       final)
     return summary.to_dict()
