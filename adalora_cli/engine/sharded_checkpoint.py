@@ -23,6 +23,7 @@ from torch import nn
 from . import checkpoint as ckpt
 from .distributed import World, broadcast
 
+
 def _options(strict: bool = True):
     """Only what is trained: the frozen base is the pretrained model, loaded again (and so
     absent from what a load puts back: not strict there)."""
@@ -59,9 +60,8 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None
     ``path`` into the sharded model and its optimizer, whatever number of processes wrote
     it. The rest (``state.pt``) is restored by ``checkpoint.restore``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     folder = str(path / ckpt.SHARDED)
     state = _state(model, optimizer)
