@@ -3,11 +3,12 @@
 
 The model is a BERT-large-shaped classifier built from its config alone (no download): 24
 layers, hidden 1024, about 335M parameters, 1.3 GB in fp32, with AdaLoRA injected as a
-run does. Each process measures its resident set size (VmRSS) before the model exists and
-again once the model is built, sharded (``engine.sharding.shard``, the training loop's
-own call; none on one process) and its whole weights freed; the difference is what that
-process keeps of the model. Every process builds the whole model first, so the peak
-(VmHWM) is printed too: sharding lowers what stays, not what loading needs.
+run does. As in a sharded run, rank 0 builds the whole model and the other processes only
+its shapes (on the meta device); ``engine.sharding.shard``, the training loop's own call,
+then shards it and sends every process its rows of rank 0's weights. Each process
+measures its resident set size (VmRSS) before the model exists and again once it is
+sharded; the difference is what that process keeps of the model. The peak (VmHWM) is
+printed too, rank 0's apart: it holds the whole model until it is sharded.
 
 A benchmark, not a test: numbers depend on the machine (a shared one moves them), and
 only the ratios mean something.
@@ -25,6 +26,8 @@ import queue
 import sys
 import tempfile
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -49,8 +52,11 @@ def _release() -> None:
         pass
 
 
-def build(layers: int, hidden: int):
-    """The classifier with AdaLoRA injected, as ``adalora train`` builds it."""
+def build(layers: int, hidden: int, meta: bool = False):
+    """The classifier with AdaLoRA injected, as ``adalora train`` builds it (``meta``:
+    shapes only, as a sharded run's processes but rank 0 build it)."""
+    import contextlib
+
     from transformers import BertConfig, BertForSequenceClassification
 
     from adalora_cli.config import load_config
@@ -59,7 +65,8 @@ def build(layers: int, hidden: int):
     config = BertConfig(hidden_size=hidden, num_hidden_layers=layers,
                         num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
                         num_labels=2)
-    model = BertForSequenceClassification(config)
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        model = BertForSequenceClassification(config)
     cfg = load_config(str(ROOT / "configs" / "smoke" / "glue.yaml"),
                       ["train.sharding=fsdp", "adalora.init_rank=8", "adalora.budget=8"])
     handle = apply_method(model, cfg, 1000)
@@ -82,7 +89,7 @@ def _rank(rank: int, world: int, init: str, layers: int, hidden: int, q) -> None
     build(1, 64)  # first use of every code path, on a toy of the same model
     _release()
     before = _status("VmRSS")
-    model, handle = build(layers, hidden)
+    model, handle = build(layers, hidden, meta=rank > 0)
     params = sum(p.numel() for p in model.parameters())
     if world > 1:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -99,8 +106,8 @@ def measure(world: int, layers: int, hidden: int) -> list[tuple[int, int, int, i
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{tmp}/store"
-        procs = [ctx.Process(target=_rank, args=(r, world, init, layers, hidden, q))
-                 for r in range(world)]
+        procs = [ctx.Process(target=_rank, args=(r, world, init, layers, hidden, q),
+                             daemon=True) for r in range(world)]
         for p in procs:
             p.start()
         rows = []
@@ -130,12 +137,13 @@ def main() -> None:
     for world in worlds:
         rows = measure(world, args.layers, args.hidden)
         kept = max(r[2] for r in rows)  # the process that keeps the most
-        peak = max(r[3] for r in rows)
         one = one or (kept if world == 1 else None)
         ratio = f"{kept / one:.2f}x one process" if one else "(no 1-process baseline)"
+        others = (f", the others {max(r[3] for r in rows[1:]) / MiB:.0f} MiB"
+                  if world > 1 else "")
         print(f"  {world} process{'es' if world > 1 else ''}: {kept / MiB:7.0f} MiB kept, "
-              f"{ratio} (ideal {1 / world:.2f}x); peak {peak / MiB:.0f} MiB; "
-              f"{rows[0][1] / 1e6:.0f}M parameters", flush=True)
+              f"{ratio} (ideal {1 / world:.2f}x); peak: rank 0 {rows[0][3] / MiB:.0f} MiB"
+              f"{others}; {rows[0][1] / 1e6:.0f}M parameters", flush=True)
 
 
 if __name__ == "__main__":

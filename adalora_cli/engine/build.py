@@ -230,7 +230,9 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     sharding.check(cfg, w or World(), device, autocast_factory(cfg.train.precision, device)[1])
     task = get_task(resolved)
     dtype = base_dtype(cfg, device)  # what the run asks for, not what the checkpoint stores
-    model, tokenizer = load_model(task, resolved, dtype)
+    # a sharded run's ranks but 0 build shapes only: rank 0 sends their rows (sharding.py)
+    with weightless_loading() if sharding.lean(cfg, w) else contextlib.nullcontext():
+        model, tokenizer = load_model(task, resolved, dtype)
     data = task.load_data(tokenizer)
     if len(data.train) == 0:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")

@@ -185,12 +185,13 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
           latest: Path | None, trackers: Trackers, w: World) -> dict[str, Any]:
     cfg, model, data, handle, steps = built.cfg, built.model, built.data, built.handle, built.steps
     t_cfg, device = cfg.train, built.device
-    model.to(device)
-    model.train()
     sharded = sharding.enabled(cfg)
-    if sharded:  # in place: eval and the outputs see the sharded model
+    if sharded:  # in place, onto the device: eval and the outputs see the sharded model
         sharding.shard(model, handle, w, device, autocast_factory(t_cfg.precision, device)[1])
-    elif w.distributed:  # gradients all-reduced (averaged) in backward; eval uses ``model``
+    else:
+        model.to(device)
+    model.train()
+    if w.distributed and not sharded:  # gradients all-reduced (averaged) in backward; eval uses ``model``
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(

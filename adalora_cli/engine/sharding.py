@@ -13,6 +13,11 @@ over the processes (in rank order, so every process gets the same bits and picks
 top-b), and the orthogonal regularizer gathers the small adapter factors whole, so its
 value and gradient are the unsharded ones.
 
+Only rank 0 reads the pretrained weights: the other processes build the model's shapes on
+the meta device (:func:`lean`), and :func:`shard` sends each of them its rows of rank 0's
+weights, so no process but rank 0 ever holds the whole model, and rank 0 only until it is
+sharded.
+
 Mixed precision follows ``train.precision``: bf16 computes with bf16 copies of the
 weights while the sharded parameters the optimizer updates, its state and the gradient
 reduction stay fp32; fp32 changes nothing. fp16's loss scaler is not sharding-aware and is
@@ -43,6 +48,12 @@ _NONE_HINT = "or set train.sharding=none (each process then holds the whole mode
 
 def enabled(cfg: RunConfig) -> bool:
     return cfg.train.sharding == "fsdp"
+
+
+def lean(cfg: RunConfig, w: World | None) -> bool:
+    """Whether this process builds the model without its weights (on the meta device):
+    every rank but 0 of a sharded run, which receives its rows from rank 0 instead."""
+    return enabled(cfg) and w is not None and w.distributed and not w.main
 
 
 def check(cfg: RunConfig, w: World, device: torch.device, amp: torch.dtype | None) -> None:
@@ -106,12 +117,15 @@ class Sharded:
 def shard(model: nn.Module, handle: MethodHandle, w: World, device: torch.device,
           amp: torch.dtype | None) -> Sharded:
     """Shard ``model`` in place, every block and then the root, on a mesh of all ``w``'s
-    processes; point the method's parameter lists and its allocator and regularizer at the
-    sharded parameters. Every process calls it, after the process group is up."""
+    processes, on ``device``; point the method's parameter lists and its allocator and
+    regularizer at the sharded parameters. Every process calls it, after the process group
+    is up; a :func:`lean` process's rows come from rank 0's whole model."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (w.size,), mesh_dim_names=("shard",))
+    meta = any(p.is_meta for p in model.parameters())
+    whole = {} if meta else model.to(device).state_dict()  # rank 0's: what the others get
     # bf16: compute with bf16 copies, reduce and keep (the optimizer's) fp32
     policy = MixedPrecisionPolicy(param_dtype=amp, reduce_dtype=torch.float32)
     names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
@@ -120,6 +134,8 @@ def shard(model: nn.Module, handle: MethodHandle, w: World, device: torch.device
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     modules = [*blocks, model]
+    _from_rank0(model, whole, device, meta)
+    del whole  # rank 0's whole weights are freed here
     if dist.get_backend(mesh.get_group()) == "gloo":
         # gloo's AVG reduction has summed instead of averaging under FSDP (pytorch issue
         # 162338; right in torch 2.13, tests/engine/test_fsdp_parity.py checks): reduce
@@ -135,6 +151,19 @@ def shard(model: nn.Module, handle: MethodHandle, w: World, device: torch.device
         if place is not None:
             place(placement)
     return Sharded(mesh, placement, modules)
+
+
+def _from_rank0(model: nn.Module, whole: dict, device: torch.device, meta: bool) -> None:
+    """Every process's rows of rank 0's weights, and rank 0's buffers whole (a buffer left
+    out of the state dict, like BERT's position ids, is not sharded but must be there)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if meta:
+        model.to_empty(device=device)
+    set_model_state_dict(model, whole, options=StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True))
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
 
 
 @dataclass

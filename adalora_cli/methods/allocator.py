@@ -127,6 +127,9 @@ class RankAllocator:
         self.placement = placement
         self._collect()
         self._index()
+        device = self.slot.device  # a model built on the meta device was made real since
+        self.mask = (torch.ones(self.b0, device=device) if self.mask.is_meta
+                     else self.mask.to(device))
         self._averages()
 
     @classmethod
