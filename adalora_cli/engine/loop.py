@@ -328,9 +328,18 @@ def _evaluate(built: Built, stepper: Stepper, step: int, logger: RunLogger,
     number of processes); the other ranks wait for it. A sharded model runs a forward
     only with every process: there they all evaluate along, and rank 0 reports."""
     results: dict[str, dict[str, float]] = {}
-    if not w.main and not sharding.enabled(built.cfg):
+    sharded = sharding.enabled(built.cfg)
+    if not w.main and not sharded:
         barrier(w)
         return results
+    with sharding.evaluating(built.model) if sharded else contextlib.nullcontext():
+        _evaluate_splits(built, stepper, step, logger, results)
+    barrier(w)
+    return results
+
+
+def _evaluate_splits(built: Built, stepper: Stepper, step: int, logger: RunLogger,
+                     results: dict[str, dict[str, float]]) -> None:
     for split, dataset in built.data.eval_splits.items():
         logger.evaluating(split)
         metrics = built.task.evaluate(
@@ -340,10 +349,6 @@ def _evaluate(built: Built, stepper: Stepper, step: int, logger: RunLogger,
         logger.evaluated(step, split, results[split])
         faults.hit("eval", step)
     logger.evaluations_done()
-    if sharding.enabled(built.cfg):
-        sharding.reshard(built.model)  # an evaluation's forward leaves the root whole
-    barrier(w)
-    return results
 
 
 def _size(path: Path) -> int:

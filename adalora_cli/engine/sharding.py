@@ -27,7 +27,9 @@ transformer blocks to shard (:func:`check`, :func:`find_blocks`).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -174,6 +176,18 @@ class Final:
     """The trained tensors by parameter name, whole, on the CPU (as ``trained_state``)."""
     allocator: dict | None
     """The rank allocator's whole state (None without one)."""
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """Inside: the root's own weights (embeddings, head) stay whole. ``generate()`` calls
+    the encoder directly, never the root's forward, whose hook would gather them; the
+    blocks gather their own as they run. After: everything is sharded again."""
+    model.unshard()
+    try:
+        yield
+    finally:
+        reshard(model)
 
 
 def reshard(model: nn.Module) -> None:
