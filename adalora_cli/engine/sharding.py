@@ -82,10 +82,10 @@ def check(cfg: RunConfig, w: World, device: torch.device, amp: torch.dtype | Non
 def find_blocks(model: nn.Module) -> list[nn.Module]:
     """The model's transformer blocks, each to be sharded on its own, outermost first.
 
-    The classes a Hugging Face model names in ``_no_split_modules`` (GPT-2's ``GPT2Block``,
-    BART's encoder and decoder layers), else the members of every ``nn.ModuleList`` whose
-    members are all of one class (BERT's ``encoder.layer``); a block inside another block
-    is not one. None found: a one-line error."""
+    The classes a Hugging Face model names in ``_no_split_modules`` (Llama's decoder
+    layers, BART's encoder and decoder layers, BERT's layers and its embeddings), else the
+    members of every ``nn.ModuleList`` whose members are all of one class; a block inside
+    another block is not one. None found: a one-line error."""
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
