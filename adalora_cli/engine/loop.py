@@ -191,7 +191,8 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     else:
         model.to(device)
     model.train()
-    if w.distributed and not sharded:  # gradients all-reduced (averaged) in backward; eval uses ``model``
+    if w.distributed and not sharded:  # DDP: gradients all-reduced (averaged) in backward;
+        # eval uses ``model``
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(

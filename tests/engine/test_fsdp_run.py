@@ -19,7 +19,6 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
-
 from adalora_cli.engine import checkpoint as ckpt
 from adalora_cli.rundir.run import RunDir, read_metrics
 

@@ -96,7 +96,7 @@ def test_split_rows_give_the_whole_masks_and_averages(kind, size):
         for alloc in allocators:
             assert torch.equal(alloc.mask, whole.mask), t
     assert len({tuple(m.tolist()) for m in masks}) > 2  # the schedule really pruned
-    for rank, (layers, placement) in enumerate(zip(copies, placements)):
+    for layers, placement in zip(copies, placements):
         mine, reference = _kept_rows(layers, placement), _kept_rows(whole_layers, placement)
         for name in mine:  # the masked rows of this copy are the whole model's
             torch.testing.assert_close(mine[name], reference[name], rtol=0, atol=0)
