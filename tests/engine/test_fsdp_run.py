@@ -79,10 +79,7 @@ def test_torchrun_fsdp_gives_the_one_process_run(no_dropout, tmp_path):  # noqa:
     assert summary["final_budget"] == 16
     assert not (two / "checkpoints").exists()  # a finished run keeps its weights only
     # the run directory is a whole run's: eval scores it on one process as training did
-    rescored = subprocess.run(
-        [sys.executable, "-m", "adalora_cli", "eval", str(two), "--quiet"], cwd=ROOT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
-    assert rescored.returncode == 0, rescored.stderr
+    assert cli(["eval", str(two), "--quiet"])[0] == 0
     scored = json.loads((two / "eval" / "default.json").read_text())
     assert scored["metrics"] == summary["metrics"]
 
