@@ -198,3 +198,52 @@ def test_gradients_stay_averaged_if_gloo_sums_for_avg(no_dropout, tmp_path, in_r
     two = two_ranks([*overrides, "train.sharding=fsdp"], tmp_path, avg_bug=True)
     assert two["calls"]["reduce_scatter"] >= STEPS  # the gradients went through the bug
     assert_same_steps(one, two)
+
+
+def _bf16_rank(rank: int, port: int, out: str) -> None:
+    """One bf16 step under the policy ``train.precision=bf16`` gives on a GPU."""
+    from adalora_cli.engine import sharding
+    from adalora_cli.methods.adalora import SVDLinear
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    w = World(rank, 2, rank)
+    try:
+        cfg = load_config(SMOKE, ["train.batch_size=16", "train.sharding=fsdp"])
+        built = build_run(cfg, w)
+        init(w, "cpu")
+        model, handle = built.model, built.handle
+        sharding.shard(model, handle, w, built.device, torch.bfloat16)
+        seen = []
+        layer = next(m for m in model.modules() if isinstance(m, SVDLinear))
+        layer.register_forward_pre_hook(lambda m, args: seen.append(
+            (m.P.dtype, m.base.weight.dtype)))
+        stepper = Stepper.build(model, handle, cfg.train, built.steps, built.device)
+        mine, weight = shard(list(range(16)), w)
+        stepper.backward(built.data.collate([built.data.train[i] for i in mine]), weight)
+        grads = {p.grad.dtype for p in handle.trainable}
+        stepper.update(1)
+        state = {t.dtype for s in stepper.optimizer.state.values() for t in s.values()
+                 if torch.is_tensor(t) and t.is_floating_point() and t.dim() > 0}
+        kept = {p.to_local().dtype for p in handle.trainable}
+        if rank == 0:
+            torch.save({"seen": seen, "grads": grads, "state": state, "kept": kept}, out)
+    finally:
+        shutdown()
+
+
+@pytest.mark.e2e
+def test_bf16_computes_in_bf16_and_keeps_fp32(tmp_path, in_repo):
+    """``train.precision=bf16``: the forward sees bf16 copies of every weight, while the
+    sharded adapter and head parameters, their gradients and AdamW's state stay fp32."""
+    out = str(tmp_path / "bf16.pt")
+    ctx, port = mp.get_context("fork"), _free_port()
+    procs = [ctx.Process(target=_bf16_rank, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    record = torch.load(out, weights_only=False)
+    assert record["seen"] == [(torch.bfloat16, torch.bfloat16)]
+    assert record["grads"] == record["state"] == record["kept"] == {torch.float32}
