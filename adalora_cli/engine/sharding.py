@@ -127,7 +127,10 @@ def shard(model: nn.Module, handle: MethodHandle, w: World, device: torch.device
 
     mesh = init_device_mesh(device.type, (w.size,), mesh_dim_names=("shard",))
     meta = any(p.is_meta for p in model.parameters())
-    whole = {} if meta else model.to(device).state_dict()  # rank 0's: what the others get
+    # Rank 0's weights, where they were loaded (the CPU), to send the others their rows;
+    # fully_shard moves each block onto the device as it shards it, so no device ever
+    # holds more than its rows and one whole block.
+    whole = {} if meta else model.state_dict()
     # bf16: compute with bf16 copies, reduce and keep (the optimizer's) fp32
     policy = MixedPrecisionPolicy(param_dtype=amp, reduce_dtype=torch.float32)
     names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
