@@ -7,7 +7,8 @@ gradient DDP averages over ranks is the gradient of the global mean, as on one p
 Only rank 0 writes (run directory, checkpoints, trackers, progress) and evaluates; the
 others wait for it. The rank allocator runs on every rank from the all-reduced gradients,
 and at every mask event the masks are compared across ranks, failing loudly if they
-ever differ.
+ever differ. With ``train.sharding=fsdp`` the model is sharded instead of wrapped in DDP
+(``sharding.py``); the batches, the weighting and rank 0's role stay as described here.
 """
 
 from __future__ import annotations
