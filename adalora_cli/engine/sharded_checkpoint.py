@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import writing
 from . import checkpoint as ckpt
 from .distributed import World, broadcast
 
@@ -45,7 +46,11 @@ def save(run_path: Path, step: int, model: nn.Module, optimizer: torch.optim.Opt
     import torch.distributed.checkpoint as dcp
 
     tmp = broadcast(ckpt.begin(run_path, step) if w.main else None, w)
-    dcp.save(_state(model, optimizer), checkpoint_id=str(Path(tmp) / ckpt.SHARDED))
+    folder = Path(tmp) / ckpt.SHARDED
+    final = Path(run_path) / ckpt.CHECKPOINTS / f"step-{step:07d}" / ckpt.SHARDED
+    # a full disk is said as one line naming the folder (DCP's own error may hide the OS's)
+    with writing(final, then="resume the run", written_as=folder, library=True):
+        dcp.save(_state(model, optimizer), checkpoint_id=str(folder))
     if not w.main:
         return None
 

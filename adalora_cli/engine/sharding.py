@@ -73,6 +73,11 @@ def check(cfg: RunConfig, w: World, device: torch.device, amp: torch.dtype | Non
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"train.sharding=fsdp runs on CUDA or the CPU, not on {device}; set "
                           "train.device=cuda (or cpu), " + _NONE_HINT)
+    if amp is torch.float16 and cfg.train.precision == "auto":  # a GPU before Ampere
+        raise ConfigError("train.sharding=fsdp does not run fp16 (its loss scaler is not "
+                          "sharding-aware), which train.precision=auto picks on a GPU below "
+                          "compute capability 8.0: set train.precision=fp32 (or bf16, "
+                          "emulated there), " + _NONE_HINT)
     if amp is torch.float16:
         raise ConfigError("train.sharding=fsdp does not run fp16 (its loss scaler is not "
                           "sharding-aware): set train.precision=bf16 (or fp32), " + _NONE_HINT)

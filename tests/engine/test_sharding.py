@@ -69,9 +69,13 @@ def test_a_model_without_blocks_is_refused():
     ([], TWO, torch.device("mps"), None,
      "train.sharding=fsdp runs on CUDA or the CPU, not on mps; set train.device=cuda (or "
      "cpu), " + NONE_HINT),
-    ([], TWO, CPU, torch.float16,
+    (["train.precision=fp16"], TWO, CPU, torch.float16,
      "train.sharding=fsdp does not run fp16 (its loss scaler is not sharding-aware): set "
      "train.precision=bf16 (or fp32), " + NONE_HINT),
+    (["train.precision=auto"], TWO, CPU, torch.float16,
+     "train.sharding=fsdp does not run fp16 (its loss scaler is not sharding-aware), which "
+     "train.precision=auto picks on a GPU below compute capability 8.0: set "
+     "train.precision=fp32 (or bf16, emulated there), " + NONE_HINT),
 ])
 def test_what_fsdp_cannot_run_is_refused_in_one_line(in_repo, overrides, world, device, amp,
                                                      message):
@@ -111,7 +115,7 @@ def test_sharding_is_how_a_run_goes_not_what_it_computes(in_repo):
     cfg = load_config(SMOKE)
     fsdp = from_dict(apply_overrides(cfg.to_dict(), ["train.sharding=fsdp"]))
     assert config_digest(fsdp) == config_digest(cfg)  # seeds of one experiment
-    assert ckpt.config_digest(fsdp) == ckpt.config_digest(cfg)  # old checkpoints resume
+    assert ckpt.resume_digest(fsdp) == ckpt.resume_digest(cfg)  # old checkpoints resume
     with pytest.raises(ConfigError, match="train.sharding"):
         load_config(SMOKE, ["train.sharding=ddp"])
 

@@ -120,3 +120,70 @@ def test_split_rows_give_the_whole_masks_and_averages(kind, size):
     fresh.load_state_dict(reference)
     lo = [alloc.I_bar for alloc in allocators][size - 1]
     torch.testing.assert_close(fresh.I_bar, lo, rtol=1e-6, atol=1e-12)
+
+
+class SkewedPlacement(RowsPlacement):
+    """Rank 0 sums as :class:`RowsPlacement`; every other thread's sums come out scaled
+    entry by entry (a much exaggerated stand-in for reductions that added in another order
+    on another GPU), so that thread's own top-b(t) would differ from rank 0's."""
+
+    def total(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().total(x)
+        if self.rank == 0:
+            return out
+        self.calls = getattr(self, "calls", 0) + 1
+        g = torch.Generator().manual_seed(1000 * self.rank + self.calls)
+        return out * torch.rand(out.shape, generator=g).pow(4)
+
+
+def _from_rank0(rank: int, shared: Threads):
+    """What engine/distributed.masks_from_rank0 installs, over threads: rank 0's keep-mask
+    broadcast to all."""
+    def agree(keep: torch.Tensor) -> torch.Tensor:
+        if rank == 0:
+            shared.slots[0] = keep.clone()
+        shared.barrier.wait()
+        out = shared.slots[0].clone()
+        shared.barrier.wait()
+        return out
+
+    return agree
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_split_rows_mask_with_rank0s_choice_when_their_sums_disagree(broadcast):
+    """Each thread scores its own rows and its sums may differ from rank 0's in the last
+    bits: with rank 0's choice broadcast, every thread still masks its rows with the whole
+    allocator's mask (rank 0's sums are the whole ones); without it they part ways."""
+    kw = {"budget": 2, "total_steps": 12, "t_init": 2, "t_final": 3, "delta_t": 2}
+    size = 2
+    whole_layers = _layers("svd")
+    whole = RankAllocator(whole_layers, **kw)
+    shared = Threads(size)
+    copies = [copy.deepcopy(whole_layers) for _ in range(size)]
+    allocators = [RankAllocator(c, **kw) for c in copies]
+    placements = [SkewedPlacement(r, shared) for r in range(size)]
+    for rank, (alloc, placement) in enumerate(zip(allocators, placements)):
+        alloc.place(placement)
+        if broadcast:
+            alloc.agree = _from_rank0(rank, shared)
+    parted = False
+    for t in range(1, 13):
+        for layers in (whole_layers, *copies):
+            _random_grads(layers, seed=t)
+        whole.step(t)
+        threads = [threading.Thread(target=allocators[r].step, args=(t,)) for r in range(size)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert torch.equal(allocators[0].mask, whole.mask), t  # rank 0's sums are whole
+        if broadcast:
+            assert torch.equal(allocators[1].mask, whole.mask), t
+        parted = parted or not torch.equal(allocators[1].mask, whole.mask)
+    assert parted is not broadcast  # the skew is real: alone, rank 1 chooses otherwise
+    if broadcast:
+        for layers, placement in zip(copies, placements):
+            mine, reference = _kept_rows(layers, placement), _kept_rows(whole_layers, placement)
+            for name in mine:
+                torch.testing.assert_close(mine[name], reference[name], rtol=0, atol=0)
