@@ -58,6 +58,10 @@ class TaskConfig:
     offline demo (rotten_tomatoes, bbc_topic, bbc_news)."""
     dataset: str | None = None
     """Hub dataset id; None means the task's default (nyu-mll/glue for GLUE)."""
+    revision: str | None = None
+    """Hub dataset revision: a branch, tag, commit id, or refs/convert/parquet (the hub's
+    parquet conversion). None means main, or the conversion when main holds a loading
+    script that the datasets library no longer runs (EdinburghNLP/xsum)."""
     data_dir: str | None = None
     """Local folder holding ``<split>.{tsv,csv,json,jsonl,parquet}`` files in the hub's columns."""
     data_files: dict[str, str] | None = None
@@ -307,6 +311,11 @@ class TrainConfig:
     """Run each batch as this many micro-batches of similar length, each padded on its own
     (same examples per step, fewer padded tokens; a CPU speed-up, see engine/split.py);
     1 keeps the batch whole. Between 1 and batch_size."""
+    sharding: Literal["none", "fsdp"] = "none"
+    """How several processes hold the model: 'none' gives each process a whole copy and
+    averages gradients (DDP); 'fsdp' shards the frozen base, the adapters and the optimizer
+    state across the processes (torch FSDP2), for models that do not fit one device. One
+    process always holds the whole model; 'fsdp' needs several (docs/training.md)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "train")
@@ -576,8 +585,10 @@ def _give_way(data: dict[str, Any], keys: list[str]) -> None:
 
 
 RESUMABLE_KEYS = ("train.save_every", "train.keep_checkpoints", "train.device",
-                  "train.eval_batch_size", "log.")
-"""Overrides a resumed run accepts: where and how it runs, not what it computes."""
+                  "train.eval_batch_size", "train.sharding", "log.")
+"""Overrides a resumed run accepts: where and how it runs, not what it computes. (A
+checkpoint itself is written either whole or sharded: resuming one under the other
+sharding is refused by engine/checkpoint.py, with what to do.)"""
 
 
 def resume_config(path: str | Path, overrides: list[str]) -> RunConfig:
