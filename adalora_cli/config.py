@@ -477,6 +477,11 @@ class TrainConfig:
     """Run each batch as this many micro-batches of similar length, each padded on its own
     (same examples per step, fewer padded tokens; a CPU speed-up, see engine/split.py);
     1 keeps the batch whole. Between 1 and batch_size."""
+    sharding: Literal["none", "fsdp"] = "none"
+    """How several processes hold the model: 'none' gives each process a whole copy and
+    averages gradients (DDP); 'fsdp' shards the frozen base, the adapters and the optimizer
+    state across the processes (torch FSDP2), for models that do not fit one device. One
+    process always holds the whole model; 'fsdp' needs several (docs/training.md)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "train")
@@ -752,8 +757,10 @@ def _give_way(data: dict[str, Any], keys: list[str]) -> None:
 
 
 RESUMABLE_KEYS = ("train.save_every", "train.keep_checkpoints", "train.device",
-                  "train.eval_batch_size", "log.")
-"""Overrides a resumed run accepts: where and how it runs, not what it computes."""
+                  "train.eval_batch_size", "train.sharding", "log.")
+"""Overrides a resumed run accepts: where and how it runs, not what it computes. (A
+checkpoint itself is written either whole or sharded: resuming one under the other
+sharding is refused by engine/checkpoint.py, with what to do.)"""
 
 
 def resume_config(path: str | Path, overrides: list[str]) -> RunConfig:

@@ -305,7 +305,10 @@ def test_sweep_and_report_paths_that_are_files(tmp_path, in_repo, adalora_run):
     assert result.exit_code == 2 and "--out" in one_error_line(result)
     result = runner.invoke(app, ["report", str(adalora_run), "--format", "csv", "--out",
                                  str(a_file / "sub")])
-    assert result.exit_code == 1 and "Not a directory" in one_error_line(result)
+    assert result.exit_code == 2
+    assert one_error_line(result) == (f"error: --out {a_file / 'sub'} lies under {a_file}, "
+                                      "which is a file; pass a folder for the report (it is "
+                                      "created if missing)")
 
 
 def test_a_huge_budget_is_refused_before_allocating(in_repo):

@@ -134,10 +134,10 @@ def test_eval_and_export_name_what_they_write(smoke_runs, tmp_path, in_repo,
 
 def test_the_sweep_log_is_named(tmp_path, monkeypatch) -> None:
     from adalora_cli.rundir.layout import SWEEP_LOG
-    from adalora_cli.sweep import local
+    from adalora_cli.sweep import runs
 
-    monkeypatch.setattr(local, "open", _open_full_for(SWEEP_LOG), raising=False)
+    monkeypatch.setattr(runs, "open", _open_full_for(SWEEP_LOG), raising=False)
     with pytest.raises(OSError) as err:
-        local.SweepLog(tmp_path).event("run-1", "started")
+        runs.SweepLog(tmp_path).event("run-1", "started")
     assert err.value.errno == errno.ENOSPC
     assert err.value.strerror == f"could not write {tmp_path / SWEEP_LOG}: {NO_SPACE}"

@@ -29,8 +29,10 @@ from ..methods.base import MethodHandle
 from ..methods.registry import check_method
 from ..tasks import get_task
 from ..tasks.base import Task, TaskData
+from . import sharding
 from .distributed import World
 from .schedule import total_steps
+from .weightless import weightless_loading
 
 
 def resolve_resources(cfg: RunConfig) -> RunConfig:
@@ -319,9 +321,12 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     resolved = resolve_resources(cfg)
     seed_everything(cfg.train.seed)
     check_method(cfg)  # an unknown method name fails before the model is loaded
+    sharding.check(cfg, w or World(), device, autocast_factory(cfg.train.precision, device)[1])
     task = get_task(resolved)
     dtype = base_dtype(cfg, device)  # what the run asks for, not what the checkpoint stores
-    model, tokenizer = load_model(task, resolved, dtype)
+    # a sharded run's ranks but 0 build shapes only: rank 0 sends their rows (sharding.py)
+    with weightless_loading() if sharding.lean(cfg, w) else contextlib.nullcontext():
+        model, tokenizer = load_model(task, resolved, dtype)
     data = task.load_data(tokenizer)
     if len(data.train) == 0:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
@@ -333,6 +338,8 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     no_kv_cache(model)
     if cfg.train.gradient_checkpointing:
         enable_checkpointing(model)
+    if sharding.enabled(cfg):
+        sharding.find_blocks(model)  # a model it cannot shard is refused here
     precision = resolve_precision(cfg.train.precision, device)
     if precision == "bf16" and not bf16_native(device) and (w is None or w.main):
         print(f"warning: train.precision=bf16 on {torch.cuda.get_device_name(device)}, which "

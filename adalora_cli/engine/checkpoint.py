@@ -14,6 +14,11 @@ edited config refuses instead of silently computing another run (see :func:`chec
 Files are written into a hidden ``.partial-*`` folder, flushed to disk, and published by one
 ``rename``: a checkpoint appears whole or not at all, and a crash while writing leaves the
 previous one as the latest.
+
+A sharded run (``train.sharding=fsdp``) keeps its trained tensors and optimizer state in a
+``sharded/`` folder instead, each process writing its own rows (``sharded_checkpoint.py``);
+``state.pt`` says which kind a checkpoint is, and a resume under the other kind is refused
+with what to do (:func:`check_sharding`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from ..config import RESUMABLE_KEYS, ConfigError, RunConfig, digest, flatten
 from ..errors import describe, first_line, writing
+from ..rundir.layout import CHECKPOINT_SHARDED as SHARDED
 from ..rundir.layout import CHECKPOINT_STATE as STATE
 from ..rundir.layout import CHECKPOINT_TENSORS as TENSORS
 from ..rundir.layout import CHECKPOINTS
@@ -67,15 +73,18 @@ class Position:
 
 
 def state_of(stepper: Stepper, generator: torch.Generator, pos: Position,
-             rngs: list[dict[str, Any]], streams: dict[str, Any], eval_pending: bool = False
-             ) -> dict[str, Any]:
+             rngs: list[dict[str, Any]], streams: dict[str, Any], eval_pending: bool = False,
+             sharded: bool = False) -> dict[str, Any]:
     """Everything but the trainable tensors and the config record, as ``state.pt`` holds
     it. ``rngs`` (one per rank: each draws its own dropout masks) and ``streams`` are passed
     in because a checkpoint written when a stop signal cut an evaluation short saves the
-    ones from before that evaluation (``eval_pending``)."""
+    ones from before that evaluation (``eval_pending``). ``sharded``: the optimizer state
+    is saved with the sharded tensors, not here; every process must call this then (the
+    allocator's state is gathered from all of them)."""
     allocator = stepper.handle.allocator
     return {
-        "optimizer": stepper.optimizer.state_dict(),
+        "sharding": "fsdp" if sharded else "none",
+        "optimizer": None if sharded else stepper.optimizer.state_dict(),
         "scheduler": stepper.scheduler.state_dict(),
         "scaler": stepper.scaler.state_dict(),
         "allocator": allocator.state_dict() if allocator is not None else None,
@@ -94,7 +103,8 @@ def state_of(stepper: Stepper, generator: torch.Generator, pos: Position,
 def restore(state: dict[str, Any], stepper: Stepper, rank: int = 0) -> Position:
     """Put :func:`state_of`'s objects and this rank's RNGs back in place; returns the loop's
     position. The caller cuts the streams back to ``state["streams"]``."""
-    stepper.optimizer.load_state_dict(state["optimizer"])
+    if state["optimizer"] is not None:  # None: restored with the sharded tensors
+        stepper.optimizer.load_state_dict(state["optimizer"])
     stepper.scheduler.load_state_dict(state["scheduler"])
     if state["scaler"]:  # empty when saved without loss scaling: a new scaler starts fresh
         stepper.scaler.load_state_dict(state["scaler"])
@@ -190,12 +200,29 @@ def config_record(cfg: RunConfig) -> dict[str, Any]:
 _ABSENT = "(absent)"
 
 
+def check_sharding(path: Path, state: dict[str, Any], cfg: RunConfig) -> None:
+    """Refuse to resume a whole checkpoint sharded, or a sharded one whole: their files
+    differ (a whole ``trainable.safetensors`` and ``state.pt``, or every process's rows)."""
+    saved, now = state.get("sharding", "none"), cfg.train.sharding
+    if saved == now:
+        return
+    run = path.parent.parent
+    if saved == "fsdp":
+        raise ConfigError(f"{path.name} of {run} was written sharded (train.sharding=fsdp); "
+                          "resume it with train.sharding=fsdp on 2 or more processes "
+                          f"(adalora train --resume {run} train.sharding=fsdp --nproc N)")
+    raise ConfigError(f"{path.name} of {run} was written whole (train.sharding=none, one "
+                      "process or DDP) and cannot resume sharded; resume it with "
+                      "train.sharding=none, or start a new run with train.sharding=fsdp")
+
+
 def check_config(path: Path, state: dict[str, Any], cfg: RunConfig
                  ) -> dict[str, list[Any]]:
     """Refuse to resume checkpoint ``path`` under a config that would compute another run.
 
     Returns the changes it allows ({key: [before, now]}), for the run directory to record;
     raises a one-line ConfigError naming every other changed key."""
+    check_sharding(path, state, cfg)
     saved, now = state.get("config") or {}, flat_config(cfg)
     keys = sorted(set(saved) | set(now))
 
@@ -298,21 +325,44 @@ def _fsync_file(path: Path) -> None:
 def save_checkpoint(run_path: Path, step: int, tensors: dict[str, torch.Tensor],
                     state: dict[str, Any], keep: int) -> Path:
     """Publish ``checkpoints/step-N`` atomically, then keep only the newest ``keep``."""
+    def write(tmp: Path, final: Path) -> None:
+        _write(tmp / TENSORS, final / TENSORS, lambda p: save_file(tensors, str(p)))
+        write_state(tmp, final, step, state)
+
+    return publish(run_path, step, begin(run_path, step), write, keep)
+
+
+def begin(run_path: Path, step: int) -> Path:
+    """A fresh hidden folder for checkpoint ``step`` (stale ones of killed writers go)."""
     root = Path(run_path) / CHECKPOINTS
     root.mkdir(exist_ok=True)
     for stale in root.glob(".partial-*"):  # left by a process killed while writing
         shutil.rmtree(stale, ignore_errors=True)
-    final = root / f"step-{step:07d}"
     tmp = root / f".partial-step-{step:07d}-{os.getpid()}"
+    tmp.mkdir()
+    return tmp
+
+
+def write_state(tmp: Path, final: Path, step: int, state: dict[str, Any]) -> None:
+    _write(tmp / STATE, final / STATE,
+           lambda p: torch.save({"format": FORMAT, "step": step, **state}, p))
+
+
+def publish(run_path: Path, step: int, tmp: Path, write, keep: int) -> Path:
+    """``write(tmp, final)`` the rest of the files into ``tmp`` (:func:`begin`'s folder,
+    maybe already holding the sharded files), flush everything, rename it to
+    ``checkpoints/step-N`` and keep only the newest ``keep`` checkpoints."""
+    root = Path(run_path) / CHECKPOINTS
+    final = root / f"step-{step:07d}"
     try:
-        tmp.mkdir()
-        _write(tmp / TENSORS, final / TENSORS, lambda p: save_file(tensors, str(p)))
-        _write(tmp / STATE, final / STATE,
-               lambda p: torch.save({"format": FORMAT, "step": step, **state}, p))
+        write(tmp, final)
         faults.hit("checkpoint", step)
-        for name in (TENSORS, STATE):
-            follow_umask(tmp / name)  # safetensors writes 0600: collaborators could not read
-            _fsync_file(tmp / name)
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file():
+                follow_umask(path)  # safetensors writes 0600: collaborators could not read
+                _fsync_file(path)
+        for folder in [p for p in tmp.rglob("*") if p.is_dir()]:
+            _fsync_dir(folder)
         if final.exists():  # the same step saved again (e.g. at the end): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -334,16 +384,22 @@ def _write(tmp: Path, final: Path, write) -> None:
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The tensors and state of one checkpoint; a file that does not read (truncated,
-    damaged) is a ValueError naming it."""
-    tensors = _read(path / TENSORS, lambda f: load_file(str(f)))
+    """The trained tensors and the state of a checkpoint; a file that does not read
+    (truncated, damaged) is a ValueError naming it. A sharded one's tensors load only into a
+    sharded model (``sharded_checkpoint.load``): here they are ``{}``, once their index has
+    been read (a damaged one is unreadable here, as a damaged whole file is)."""
     # Our own file, written by save_checkpoint: it holds numpy's RNG state, which the
     # weights-only unpickler refuses.
     state = _read(path / STATE, lambda f: torch.load(f, map_location="cpu", weights_only=False))
     if state.get("format") != FORMAT:
         raise ValueError(f"{path} has checkpoint format {state.get('format')}, "
                          f"this version reads {FORMAT}")
-    return tensors, state
+    if state.get("sharding", "none") == "fsdp":
+        from torch.distributed.checkpoint import FileSystemReader
+
+        _read(path / SHARDED, lambda f: FileSystemReader(str(f)).read_metadata())
+        return {}, state
+    return _read(path / TENSORS, lambda f: load_file(str(f))), state
 
 
 def _read(file: Path, read):

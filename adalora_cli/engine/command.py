@@ -85,13 +85,18 @@ def run_train(req: TrainRequest, note=lambda text: None) -> TrainOutcome:
 def _launch_ranks(nproc: int, cfg: RunConfig, argv: list[str]) -> int:
     """``adalora train ... --nproc N``: the same command on N processes (one machine; for
     several machines call torchrun yourself with ``-m adalora_cli``)."""
+    from . import sharding
+    from .build import autocast_factory, pick_device
     from .distributed import World, per_rank_batch
     from .launch import launch
 
     if os.environ.get("WORLD_SIZE"):
         raise ConfigError("--nproc is for launching; under torchrun drop it (torchrun sets "
                           "the ranks)")
-    per_rank_batch(cfg.train.batch_size, World(0, nproc, 0))  # refused before any launch
+    w = World(0, nproc, 0)
+    per_rank_batch(cfg.train.batch_size, w)  # refused before any launch
+    device = pick_device(cfg.train.device)
+    sharding.check(cfg, w, device, autocast_factory(cfg.train.precision, device)[1])
     args, skip = [], False
     for arg in argv:  # `adalora train ...` without --nproc N
         if skip:

@@ -10,7 +10,10 @@ but the masks are rank 0's: each rank's importance scores may differ in their la
 (CUDA's ``index_add_`` and other reductions add in no fixed order), and two triplets whose
 scores are that close could otherwise be ranked differently on two ranks. Rank 0 chooses
 and broadcasts (:func:`masks_from_rank0`); a cheap checksum after every mask event
-(:func:`check_masks`) guards the construction.
+(:func:`check_masks`) guards the construction. With ``train.sharding=fsdp`` the model is
+sharded instead of wrapped in DDP (``sharding.py``): each rank scores its own rows and the
+triplet scores are summed over the ranks, and rank 0's choice is broadcast just the same;
+the batches, the weighting and rank 0's role stay as described here.
 """
 
 from __future__ import annotations

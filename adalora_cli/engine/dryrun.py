@@ -2,13 +2,12 @@
 device from ``config.json`` alone, counted, and nothing trained.
 
 Only shapes are needed to count parameters, so every weight load is intercepted
-(:func:`weightless_loading`) and the task builds its model exactly as it does for training
+(``weightless.py``) and the task builds its model exactly as it does for training
 (the right head, a warm start): a 7B-shaped config costs seconds and no memory.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,8 +18,8 @@ from ..methods import apply_method, parameter_table
 from ..methods.budget_params import budget_info
 from ..methods.registry import check_method
 from ..tasks import get_task
-from ..tasks.pretrained import DTYPE_KEYWORD
 from .build import load_model, resolve_resources
+from .weightless import weightless_loading
 
 
 @dataclass(frozen=True)
@@ -68,45 +67,6 @@ class DryRun:
         """The totals as the command's last, machine-readable line prints them."""
         out = {k: v for k, v in asdict(self).items() if k not in ("table", "budget")}
         return out | (asdict(self.budget) if self.budget else {})
-
-
-@contextlib.contextmanager
-def weightless_loading():
-    """Inside: every transformers ``from_pretrained`` builds its model from ``config.json``
-    alone, and everything is created on the meta device (shapes and dtypes, no storage), so
-    a 7B-shaped model costs nothing; a folder without a tokenizer gives ``None``.
-
-    A dry run only counts parameters, and a task builds its model the way it builds it for
-    training (the right head, a warm start), so the loading is intercepted here rather than
-    taught to every task family."""
-    from transformers import AutoTokenizer, PretrainedConfig, PreTrainedModel
-
-    real_model = PreTrainedModel.__dict__["from_pretrained"]
-    real_tokenizer = AutoTokenizer.__dict__["from_pretrained"]
-
-    def from_config_only(cls, name, *args, config=None, **kwargs):
-        if not isinstance(config, PretrainedConfig):
-            config, kwargs = cls.config_class.from_pretrained(
-                config or name, return_unused_kwargs=True, **kwargs)
-        dtype = kwargs.get("dtype") or kwargs.get("torch_dtype")
-        # by the keyword this transformers knows (torch_dtype before 4.56)
-        return cls._from_config(config, **({DTYPE_KEYWORD: dtype} if dtype else {}))
-
-    def tokenizer_if_any(cls, *args, **kwargs):
-        try:
-            return real_tokenizer.__func__(cls, *args, **kwargs)
-        except (OSError, ValueError):  # a config-only folder: nothing needs a tokenizer
-            return None
-
-    PreTrainedModel.from_pretrained = classmethod(from_config_only)
-    AutoTokenizer.from_pretrained = classmethod(tokenizer_if_any)
-    try:
-        with torch.device("meta"):
-            yield
-    finally:
-        PreTrainedModel.from_pretrained = real_model
-        AutoTokenizer.from_pretrained = real_tokenizer
-
 
 
 def dry_run(cfg: RunConfig) -> DryRun:

@@ -11,6 +11,7 @@ writes exactly the rows the uninterrupted one would have.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -27,8 +28,8 @@ from ..rundir.run import RunDir, default_run_dir, write_text_atomic
 from ..rundir.summary import Summary
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
-from . import faults
-from .build import Built, build_run, dtype_name
+from . import faults, sharded_checkpoint, sharding
+from .build import Built, autocast_factory, build_run, dtype_name
 from .distributed import (
     World,
     any_rank,
@@ -216,9 +217,14 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     """The run's summary (None on ranks other than 0, which write nothing)."""
     cfg, model, data, handle, steps = built.cfg, built.model, built.data, built.handle, built.steps
     t_cfg, device = cfg.train, built.device
-    model.to(device)
+    sharded = sharding.enabled(cfg)
+    if sharded:  # in place, onto the device: eval and the outputs see the sharded model
+        sharding.shard(model, handle, w, device, autocast_factory(t_cfg.precision, device)[1])
+    else:
+        model.to(device)
     model.train()
-    if w.distributed:  # gradients all-reduced (averaged) in backward; eval uses ``model``
+    if w.distributed and not sharded:  # DDP: gradients all-reduced (averaged) in backward;
+        # eval uses ``model``
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(
@@ -241,10 +247,15 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     def save(before_eval: tuple[list, dict] | None = None) -> None:
         pos.seconds_now = pos.seconds + time.perf_counter() - start
         rngs = before_eval[0] if before_eval else gather(ckpt.rng_state(), w)  # every rank's
-        if w.main:  # the rest of the state is the same on every rank: rank 0 writes it
-            path = _save(run, built, stepper, generator, pos, rngs, dataset, before_eval)
+        path = _save(run, built, stepper, generator, pos, rngs, dataset, w, before_eval)
+        if path is not None:  # rank 0 wrote it
             pos.checkpoint_bytes = _size(path)
         pos.saved_step = pos.step
+
+    # Under FSDP every forward is collective: a stop may not cut one process's evaluation
+    # short while the others wait in it, so there it is honoured after the evaluation.
+    def stop_now():
+        return contextlib.nullcontext() if sharded else stop.immediate()
 
     def stopped(why: str | None) -> Preempted:
         return Preempted(f"stopped by {why or 'a signal to another process'} at step "
@@ -257,7 +268,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             # all an evaluation changes; gathered now, while every rank is here
             before = (gather(ckpt.rng_state(), w), run.stream_sizes())
             try:
-                with stop.immediate():
+                with stop_now():
                     _evaluate(built, stepper, pos.step, logger, w)
             except Preempted:
                 save(before_eval=before)  # the resumed run evaluates this step again
@@ -315,19 +326,21 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             save()  # protects the final evaluation (long for SQuAD and summarization)
         train_seconds = pos.seconds + time.perf_counter() - start
         try:
-            with stop.immediate():  # the checkpoint at T is saved: a stop loses nothing
+            with stop_now():  # the checkpoint at T is saved: a stop loses nothing
                 results = _evaluate(built, stepper, pos.step, logger, w)
         except Preempted:
             raise stopped(stop.received) from None
         if w.main:  # e.g. SQuAD's answers; a task without predictions writes nothing
             built.task.save_predictions(run.path)
 
+    final = sharding.gather_final(model, handle) if sharded else None  # whole, once
     if not w.main:
         return None
 
     # epochs actually run (fractional under max_steps): the report's time per epoch
     epochs = steps / math.ceil(len(loader) / t_cfg.grad_accum)
-    summary = write_outputs(built, run, results, train_seconds, epochs, pos.checkpoint_bytes)
+    summary = write_outputs(built, run, results, train_seconds, epochs, pos.checkpoint_bytes,
+                            final)
     summary.precision = precision_record(built, stepper)
     return summary
 
@@ -366,11 +379,21 @@ def _train_row(step: int, loss: float, log: StepLog,
 def _evaluate(built: Built, stepper: Stepper, step: int, logger: RunLogger,
               w: World) -> dict[str, dict[str, float]]:
     """Rank 0 scores every split on the whole data (so the numbers do not depend on the
-    number of processes); the other ranks wait for it."""
+    number of processes); the other ranks wait for it. A sharded model runs a forward
+    only with every process: there they all evaluate along, and rank 0 reports."""
     results: dict[str, dict[str, float]] = {}
-    if not w.main:
+    sharded = sharding.enabled(built.cfg)
+    if not w.main and not sharded:
         barrier(w)
         return results
+    with sharding.evaluating(built.model) if sharded else contextlib.nullcontext():
+        _evaluate_splits(built, stepper, step, logger, results)
+    barrier(w)
+    return results
+
+
+def _evaluate_splits(built: Built, stepper: Stepper, step: int, logger: RunLogger,
+                     results: dict[str, dict[str, float]]) -> None:
     for split, dataset in built.data.eval_splits.items():
         logger.evaluating(split)
         metrics = built.task.evaluate(
@@ -380,31 +403,39 @@ def _evaluate(built: Built, stepper: Stepper, step: int, logger: RunLogger,
         logger.evaluated(step, split, results[split])
         faults.hit("eval", step)
     logger.evaluations_done()
-    barrier(w)
-    return results
 
 
 def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.iterdir())
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _save(run: RunDir, built: Built, stepper: Stepper, generator: torch.Generator,
-          pos: ckpt.Position, rngs: list[dict], dataset: dict[str, Any],
-          before_eval: tuple[list, dict] | None = None) -> Path:
-    """``before_eval``: the RNG states and stream sizes from before an evaluation that a
-    stop signal cut short; saved instead of the current ones, with the evaluation pending."""
+def _save(run: RunDir | Silent, built: Built, stepper: Stepper, generator: torch.Generator,
+          pos: ckpt.Position, rngs: list[dict], dataset: dict[str, Any], w: World,
+          before_eval: tuple[list, dict] | None = None) -> Path | None:
+    """Rank 0 writes a whole checkpoint (the state is the same on every rank); a sharded
+    one takes every process. Returns its path on rank 0. ``before_eval``: the RNG states
+    and stream sizes from before an evaluation that a stop signal cut short; saved instead
+    of the current ones, with the evaluation pending."""
+    sharded, keep = sharding.enabled(built.cfg), built.cfg.train.keep_checkpoints
+    if not (w.main or sharded):
+        return None
     rngs, streams = before_eval if before_eval else (rngs, run.stream_sizes())
     state = {**ckpt.state_of(stepper, generator, pos, rngs, streams,
-                             eval_pending=before_eval is not None),
+                             eval_pending=before_eval is not None, sharded=sharded),
              **ckpt.config_record(built.cfg),  # a resume under another config is refused
              DATA_KEY: dataset}  # ... and so is one on other data
+    if sharded:
+        return sharded_checkpoint.save(run.path, pos.step, built.model, stepper.optimizer,
+                                       state, keep, w)
     return ckpt.save_checkpoint(run.path, pos.step, trained_state(built.model, built.handle),
-                                state, keep=built.cfg.train.keep_checkpoints)
+                                state, keep=keep)
 
 
 def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir, w: World
              ) -> ckpt.Position:
     tensors, state = ckpt.load_checkpoint(path)
+    if sharding.enabled(built.cfg):
+        sharded_checkpoint.load(path, built.model, stepper.optimizer)
     names = {name for name, _ in built.model.named_parameters()}
     unknown = sorted(set(tensors) - names)
     if unknown:

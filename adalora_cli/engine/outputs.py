@@ -25,6 +25,7 @@ from ..methods.registry import config_digest, method_spec
 from ..rundir.layout import ALLOCATOR_STATE, FULL_MODEL, HEATMAP, RANK_PATTERN, WEIGHTS
 from ..rundir.run import RunDir, follow_umask
 from ..rundir.summary import ExportFacts, Summary
+from .sharding import Final, model_class
 
 if TYPE_CHECKING:
     from .build import Built
@@ -47,8 +48,9 @@ def trained_state(model: nn.Module, handle: MethodHandle) -> dict[str, torch.Ten
 
 
 def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Path,
-                 tokenizer: Any = None) -> dict[str, Any]:
-    """Write the weights into the run directory; returns what was written for the summary."""
+                 tokenizer: Any = None, final: Final | None = None) -> dict[str, Any]:
+    """Write the weights into the run directory; returns what was written for the summary.
+    ``final``: a sharded run's trained tensors and allocator state, made whole."""
     written: dict[str, Any] = {}
     # a failed write (a full disk) names the file: the libraries' own errors do not
     if method_spec(cfg.method.name).saves_whole_model:
@@ -59,7 +61,7 @@ def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Pa
         follow_umask(out / FULL_MODEL)
         written["model_dir"] = FULL_MODEL
     else:
-        state = trained_state(model, handle)
+        state = final.weights if final is not None else trained_state(model, handle)
         with writing(out / WEIGHTS, then=RESUME, library=True):
             save_file(state, str(out / WEIGHTS), metadata={"method": cfg.method.name})
         follow_umask(out / WEIGHTS)  # safetensors writes 0600: a collaborator could not read
@@ -68,7 +70,8 @@ def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Pa
     allocator = handle.allocator
     if allocator is not None:
         with writing(out / ALLOCATOR_STATE, then=RESUME, library=True):
-            torch.save(allocator.state_dict(), out / ALLOCATOR_STATE)
+            torch.save(final.allocator if final is not None else allocator.state_dict(),
+                       out / ALLOCATOR_STATE)
         written["allocator_state"] = ALLOCATOR_STATE
     return written
 
@@ -86,7 +89,7 @@ def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> Expo
     return ExportFacts(
         base_model=cfg.model.name_or_path,
         revision=getattr(getattr(model, "config", None), "_commit_hash", None),
-        model_class=type(model).__name__,
+        model_class=model_class(model).__name__,  # not FSDP's subclass of it
         model_type=getattr(getattr(model, "config", None), "model_type", None),
         target_modules=[path for path, _ in handle.layers],
         head_modules=head_modules(model),
@@ -102,9 +105,11 @@ def _peak_memory(device: torch.device) -> int:
 
 
 def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
-                  epochs: float, checkpoint_bytes: int | None) -> Summary:
+                  epochs: float, checkpoint_bytes: int | None,
+                  final: Final | None = None) -> Summary:
     """Write a finished run's outputs (rank pattern, heatmap, weights); return its summary,
-    for the run directory to write last."""
+    for the run directory to write last. ``final``: a sharded run's weights, gathered whole
+    (``sharding.gather_final``)."""
     cfg, handle = built.cfg, built.handle
     status = RunDir.read_status(run.path) or {}
     summary = Summary(
@@ -145,5 +150,6 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
                               title=f"{cfg.task.name} {cfg.method.name}: final ranks "
                                     f"(budget {sum(pattern.values())})")
     if cfg.train.save_weights:
-        summary.weights = save_weights(built.model, handle, cfg, run.path, built.tokenizer)
+        summary.weights = save_weights(built.model, handle, cfg, run.path, built.tokenizer,
+                                       final)
     return summary

@@ -7,7 +7,8 @@ The rank allocator (``allocator.py``) prunes a matrix's rank by zeroing entries 
 
 :func:`orthogonal_regularizer` works on any layer that exposes ``factors() -> (left, right)``
 with ``left`` of shape ``(d_out, r)`` and ``right`` of shape ``(r, d_in)``: ``(P, Q)`` here,
-``(B, A)`` for LoRA (the LoRA_regu ablation).
+``(B, A)`` for LoRA (the LoRA_regu ablation); :class:`OrthogonalRegularizer` is the
+method hook that computes it, on whole factors even when the model is sharded.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from .base import LinearWrapper, linear_dims, optional_dropout
+from .placement import WHOLE, Placement
 
 RegForm = Literal["code", "paper"]
 
@@ -63,7 +65,7 @@ class SVDLinear(LinearWrapper):
         return f"r0={self.r0}, scaling={self.scaling:g}"
 
 
-def _gram_distances(layers: Iterable[nn.Module]) -> torch.Tensor:
+def _gram_distances(layers: Iterable[nn.Module], placement: Placement = WHOLE) -> torch.Tensor:
     """``||L^T L - I||_F`` and ``||R R^T - I||_F`` of every layer, as one ``(2n,)`` tensor.
 
     ``R R^T`` is the Gram matrix of ``R^T``'s columns, so every factor is handled as a tall
@@ -72,9 +74,9 @@ def _gram_distances(layers: Iterable[nn.Module]) -> torch.Tensor:
     which is what keeps AdaLoRA's step as cheap as LoRA's. The order of the entries is by
     shape group; the regularizer only sums or averages them.
     """
+    factors = placement.whole([f for layer in layers for f in layer.factors()])
     groups: dict[tuple[int, int], list[torch.Tensor]] = {}
-    for layer in layers:
-        left, right = layer.factors()  # (d_out, r), (r, d_in)
+    for left, right in zip(factors[::2], factors[1::2]):  # (d_out, r), (r, d_in)
         for tall in (left, right.T):  # (d, r) each
             groups.setdefault(tuple(tall.shape), []).append(tall)
     norms = []
@@ -86,15 +88,32 @@ def _gram_distances(layers: Iterable[nn.Module]) -> torch.Tensor:
     return torch.cat(norms)
 
 
-def orthogonal_regularizer(layers: Iterable[nn.Module], form: RegForm = "code") -> torch.Tensor:
+def orthogonal_regularizer(layers: Iterable[nn.Module], form: RegForm = "code",
+                           placement: Placement = WHOLE) -> torch.Tensor:
     """Eq. 4 summed or averaged over the adapted matrices (docs/maths.md#orthogonal-regularizer).
 
     ``code``: mean of the *unsquared* Frobenius norms over the list of all 2n factors (the
     form the paper's gamma values were tuned with). ``paper``: sum of the squared norms.
+    ``placement``: where the factors live when the model is sharded (methods/placement.py).
     """
-    norms = _gram_distances(layers)  # (2n,)
+    norms = _gram_distances(layers, placement)  # (2n,)
     if form == "code":
         return norms.mean()
     if form == "paper":
         return norms.pow(2).sum()
     raise ValueError(f"unknown orthogonal regularizer form {form!r}; use 'code' or 'paper'")
+
+
+class OrthogonalRegularizer:
+    """A method's ``regularizer`` hook: Eq. 4 over its adapted layers. When the model is
+    sharded, :meth:`place` makes it gather the whole factors first, so its value and
+    gradient are those of the unsharded model."""
+
+    def __init__(self, layers: Iterable[nn.Module], form: RegForm = "code"):
+        self.layers, self.form, self.placement = list(layers), form, WHOLE
+
+    def place(self, placement: Placement) -> None:
+        self.placement = placement
+
+    def __call__(self) -> torch.Tensor:
+        return orthogonal_regularizer(self.layers, self.form, self.placement)

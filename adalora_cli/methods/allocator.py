@@ -15,6 +15,14 @@ of whole-tensor ops whatever the number of adapted matrices:
   pruned ``lam`` (or ``B`` columns and ``A`` rows) in one ``torch._foreach_mul_``.
 
 The state lives on the parameters' device and follows them if the model is moved later.
+
+Sharded across processes (FSDP, ``engine/sharding.py``), each process holds some rows of
+every ``P``, ``lam`` and ``Q``: :meth:`RankAllocator.place` gives the allocator a
+:class:`Placement` that says which, and from then on the sensitivity and uncertainty
+averages are kept only for the entries this process holds, the per-(triplet, part) sums
+of Eq. 7 are added up over the processes (identically on every one), and the top-b(t)
+is taken from those sums: the mask every process computes is the one-process mask.
+Without a placement nothing of this costs anything (:data:`WHOLE`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import torch
 from torch import nn
 
 from ..config import AdaLoRAConfig, ConfigError
+from .placement import WHOLE, Placement
 
 Score = Literal["smoothed", "sensitivity", "magnitude"]
 # Slot parts: triplet i owns slots 3i (P column / B column), 3i+1 (lam), 3i+2 (Q row / A row).
@@ -97,20 +106,37 @@ class RankAllocator:
         self.t_init, self.t_final, self.delta_t = t_init, t_final, delta_t
         self.beta1, self.beta2, self.score = beta1, beta2, score
         self._layers = [layer for _, layer in layers]
+        self.placement = WHOLE
         self._collect()
         self._index()
+        self.mask = torch.ones(self.b0, device=self.slot.device, dtype=torch.float32)  # 1 = kept
+        self.frozen = False  # True once the final-phase pattern is fixed
+        self.agree: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Makes a newly chosen keep-mask the same on every process of a distributed run
+        (the engine sets it: rank 0's choice, broadcast); None on one process. Under FSDP
+        every process sums the same per-shard scores, and rank 0's choice still decides."""
+        self._averages()
+
+    def _averages(self) -> None:
+        """Zeroed score state over the entries this process holds, and the views onto it."""
         n_entries = self.slot.numel()
         kw = {"device": self.slot.device, "dtype": torch.float32}
         self.I = torch.zeros(n_entries, **kw)  # latest sensitivity, Eq. 8
         self.I_bar = torch.zeros(n_entries, **kw)  # Eq. 9, starts at 0, no bias correction
         self.U_bar = torch.zeros(n_entries, **kw)  # Eq. 10
-        self.mask = torch.ones(self.b0, **kw)  # 1 = triplet kept
-        self.frozen = False  # True once the final-phase pattern is fixed
-        self.agree: Callable[[torch.Tensor], torch.Tensor] | None = None
-        """Makes a newly chosen keep-mask the same on every process of a distributed run
-        (the engine sets it: rank 0's choice, broadcast); None on one process."""
         self._views = self._mask_views()
         self._I_views, self._scratch = self._score_buffers()
+
+    def place(self, placement: Placement) -> None:
+        """Score and mask only this process's rows of each parameter from now on (the model
+        was just sharded). Called before the first step; the mask and frozen flag stay."""
+        self.placement = placement
+        self._collect()
+        self._index()
+        device = self.slot.device  # a model built on the meta device was made real since
+        self.mask = (torch.ones(self.b0, device=device) if self.mask.is_meta
+                     else self.mask.to(device))
+        self._averages()
 
     @classmethod
     def from_config(cls, layers: Sequence[tuple[str, nn.Module]], cfg: AdaLoRAConfig,
@@ -139,22 +165,34 @@ class RankAllocator:
 
     def _index(self) -> None:
         """The entry -> (triplet, part) slot index over the flat entries (built once)."""
-        slots, counts, layer_of = [], [], []
-        offset = 0
+        slots, counts, layer_of, entries = [], [], [], []
+        offset, start, rows = 0, 0, self.placement.rows
         for k, layer in enumerate(self._layers):
             left, lam, right = layer.triplet_factors()
             (d_out, r), d_in = left.shape, right.shape[1]
             slot = 3 * torch.arange(offset, offset + r)  # (r,)
-            slots.append((slot + _LEFT).repeat(d_out))  # row-major (j, i) -> column i
+            lo, hi = rows(left)  # row-major (j, i) -> column i, for the rows j held here
+            slots.append((slot + _LEFT).repeat(hi - lo))
+            entries.append(torch.arange(start + lo * r, start + hi * r))
+            start += d_out * r
             if lam is not None:
-                slots.append(slot + _LAM)
-            slots.append((slot + _RIGHT).repeat_interleave(d_in))  # row-major (i, j) -> row i
+                lo, hi = rows(lam)
+                slots.append(slot[lo:hi] + _LAM)
+                entries.append(torch.arange(start + lo, start + hi))
+                start += r
+            lo, hi = rows(right)  # row-major (i, j) -> row i
+            slots.append((slot[lo:hi] + _RIGHT).repeat_interleave(d_in))
+            entries.append(torch.arange(start + lo * d_in, start + hi * d_in))
+            start += r * d_in
             counts.append(torch.tensor([[d_out, int(lam is not None), d_in]] * r))
             layer_of.append(torch.full((r,), k))
             offset += r
         device = self.params[0].device
         self.b0 = offset
         self.slot = torch.cat(slots).to(device)  # (n_entries,), in the order of self.params
+        # where each entry held here sits among all entries (None: all are held here)
+        self._entries = None if self.placement is WHOLE else torch.cat(entries).to(device)
+        self.n_total = start  # entries over all processes
         count = torch.cat(counts).to(device, torch.float32)  # (n_triplets, 3)
         self.has_lam = count[:, _LAM] > 0  # (n_triplets,)
         self.cost = count.sum(dim=1)  # d_out + d_in (+ 1): parameters per triplet
@@ -165,11 +203,13 @@ class RankAllocator:
         """Views of ``self.mask`` shaped like each masked tensor (no copies)."""
         views = []
         for tensor, how, off, r in self._targets:
-            m = self.mask[off:off + r]  # (r,)
+            lo, hi = self.placement.rows(tensor)  # the rows of lam / B / A held here
             if how == "cols":
-                m = m.view(1, r).expand(tensor.shape[0], r)  # (d_out, r)
+                m = self.mask[off:off + r].view(1, r).expand(hi - lo, r)  # (d_out, r)
             elif how == "rows":
-                m = m.view(r, 1).expand(r, tensor.shape[1])  # (r, d_in)
+                m = self.mask[off + lo:off + hi].view(-1, 1).expand(hi - lo, tensor.shape[1])
+            else:
+                m = self.mask[off + lo:off + hi]  # (r,)
             views.append(m)
         return views
 
@@ -182,7 +222,7 @@ class RankAllocator:
         if any(p.dtype != torch.float32 for p in self.params):
             return None, scratch
         views, offset = [], 0
-        for p in self.params:
+        for p in map(self.placement.local, self.params):
             views.append(self.I[offset:offset + p.numel()].view(p.shape))
             offset += p.numel()
         return views, scratch
@@ -196,8 +236,9 @@ class RankAllocator:
         if self.slot.device != device:
             stale = True
             for name in ("I", "I_bar", "U_bar", "mask", "slot", "has_lam", "cost",
-                         "slot_count", "layer_of"):
-                setattr(self, name, getattr(self, name).to(device))
+                         "slot_count", "layer_of", "_entries"):
+                if getattr(self, name) is not None:
+                    setattr(self, name, getattr(self, name).to(device))
         if stale:
             self._views = self._mask_views()
             self._I_views, self._scratch = self._score_buffers()
@@ -205,14 +246,17 @@ class RankAllocator:
     # ------------------------------------------------------------------ scores
 
     def _update_scores(self) -> None:
+        local = self.placement.local
+        params = [local(p) for p in self.params]
         # A parameter unused in forward has no grad: its sensitivity is 0.
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grads = [local(p.grad) if p.grad is not None else torch.zeros_like(w)
+                 for p, w in zip(self.params, params)]
         if self._I_views is not None:  # fp32: w * grad in place in the flat buffer
-            torch._foreach_copy_(self._I_views, self.params)
+            torch._foreach_copy_(self._I_views, params)
             torch._foreach_mul_(self._I_views, grads)
             self.I.abs_()  # Eq. 8
         else:
-            prods = torch._foreach_mul(self.params, grads)
+            prods = torch._foreach_mul(params, grads)
             self.I.copy_(torch.cat([x.reshape(-1) for x in prods]).float().abs_())  # Eq. 8
         # A step the fp16 loss scaler skipped never gets here (scored=False). Without loss
         # scaling a non-finite gradient is still possible under a finite loss: such an entry
@@ -224,14 +268,15 @@ class RankAllocator:
         self.U_bar.mul_(self.beta2).add_(diff, alpha=1 - self.beta2)
 
     def _segment_sum(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum entry values per (triplet, part): ``(n_triplets, 3)``."""
+        """Sum entry values per (triplet, part) over every process: ``(n_triplets, 3)``."""
         out = torch.zeros(3 * self.b0, device=x.device, dtype=torch.float32)
-        return out.index_add_(0, self.slot, x).view(self.b0, 3)
+        return self.placement.total(out.index_add_(0, self.slot, x)).view(self.b0, 3)
 
     def scores(self) -> torch.Tensor:
         """Triplet importance ``S`` of shape ``(n_triplets,)`` under the configured variant."""
         if self.score == "magnitude":  # Table 5: |lam|, or ||B[:, i]|| ||A[i, :]|| for LoRA
-            w2 = torch.cat([p.detach().reshape(-1) for p in self.params]).float().pow_(2)
+            w2 = torch.cat([self.placement.local(p).detach().reshape(-1)
+                            for p in self.params]).float().pow_(2)
             norms = self._segment_sum(w2).sqrt_()  # (n_triplets, 3)
             return torch.where(self.has_lam, norms[:, _LAM], norms[:, _LEFT] * norms[:, _RIGHT])
         s = self.I if self.score == "sensitivity" else self.I_bar * self.U_bar  # Eq. 11
@@ -251,7 +296,7 @@ class RankAllocator:
         self.mask.copy_(keep)  # in place, so the precomputed views stay valid
 
     def _apply_mask(self) -> None:
-        torch._foreach_mul_([t for t, *_ in self._targets], self._views)
+        torch._foreach_mul_([self.placement.local(t) for t, *_ in self._targets], self._views)
 
     @torch.no_grad()
     def step(self, t: int, scored: bool = True) -> StepReport:
@@ -290,14 +335,27 @@ class RankAllocator:
         """Parameters in the kept triplets: ``d_in + d_out + 1`` each (no 1 for LoRA)."""
         return int((self.mask * self.cost).sum().item())
 
+    def _whole(self, x: torch.Tensor) -> torch.Tensor:
+        """An average over the entries held here, as the one over all entries (sharded: put
+        in place among zeros and added up over the processes, which is exact)."""
+        if self._entries is None:
+            return x.clone()
+        every = torch.zeros(self.n_total, device=x.device, dtype=x.dtype)
+        return self.placement.total(every.index_copy_(0, self._entries, x))
+
     def state_dict(self) -> dict[str, Any]:
-        return {"I": self.I.clone(), "I_bar": self.I_bar.clone(), "U_bar": self.U_bar.clone(),
-                "mask": self.mask.clone(), "frozen": self.frozen, "paths": list(self.paths)}
+        """The same whole state however the model is sharded (every process must call it
+        when it is), so a run resumes on any number of processes."""
+        return {"I": self._whole(self.I), "I_bar": self._whole(self.I_bar),
+                "U_bar": self._whole(self.U_bar), "mask": self.mask.clone(),
+                "frozen": self.frozen, "paths": list(self.paths)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if list(state["paths"]) != self.paths or state["mask"].shape != self.mask.shape:
             raise ValueError("allocator state was saved for different adapted matrices")
         self._sync_device()
-        for name in ("I", "I_bar", "U_bar", "mask"):
-            getattr(self, name).copy_(state[name])
+        for name in ("I", "I_bar", "U_bar"):
+            saved = state[name].to(self.I.device)
+            getattr(self, name).copy_(saved if self._entries is None else saved[self._entries])
+        self.mask.copy_(state["mask"])
         self.frozen = bool(state["frozen"])

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from torch import nn
 
 from ..config import ConfigError, RunConfig
-from .adalora import SVDLinear, orthogonal_regularizer
+from .adalora import OrthogonalRegularizer, SVDLinear
 from .adapters import HoulsbyAdapter, PfeifferAdapter
 from .allocator import RankAllocator, check_schedule
 from .base import MethodHandle, ParamGroup, adapter_modules, count, head_parameters, linear_dims
@@ -58,8 +58,7 @@ def _low_rank(model: nn.Module, cfg: RunConfig, total_steps: int | None, *, rank
         check_schedule(len(paths) * rank, a.budget, a.t_init, a.t_final, total_steps)
     layers = replace_linears(model, paths, wrap)
     modules = [layer for _, layer in layers]
-    form = a.orth_reg
-    regularizer = (lambda: orthogonal_regularizer(modules, form)) if gamma > 0 else None
+    regularizer = OrthogonalRegularizer(modules, a.orth_reg) if gamma > 0 else None
     allocator = RankAllocator.from_config(layers, a, total_steps) if pruning else None
     return MethodHandle(
         name=cfg.method.name, adapter=_adapter_params(layers), head=head_parameters(model),

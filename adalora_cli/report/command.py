@@ -32,9 +32,8 @@ def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool
     missing = [p for p in paths if not p.exists()]
     if missing:
         raise ConfigError(f"{missing[0]} does not exist; pass run directories or runs/")
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is a file; pass a folder for the report "
-                          "(it is created if missing)")
+    if out_dir is not None:
+        check_out_dir(out_dir)
     if min_seeds < 1:
         raise ConfigError(f"--min-seeds {min_seeds} must be at least 1")
     result = build_report(list(paths), show_paper=paper, eval_name=eval_name,
@@ -46,6 +45,17 @@ def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool
     if not result.runs:
         raise ConfigError(f"no finished runs under {', '.join(map(str, paths))}")
     emit(result, formats, out_dir, figures, out, err)
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an ``--out`` that is a file, or lies under one, before anything is printed."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file; pass a folder for the report "
+                          "(it is created if missing)")
+    above = next((p for p in out_dir.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"--out {out_dir} lies under {above}, which is a file; pass a "
+                          "folder for the report (it is created if missing)")
 
 
 def _warn(err: Console, text: str) -> None:

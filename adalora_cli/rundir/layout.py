@@ -10,7 +10,8 @@ Layout (all names fixed, so reports can rely on them)::
     heartbeat.json      a live run's last step and time, rewritten every 30 s; removed
                         when the run ends (finished, preempted or failed)
     checkpoints/step-N/ the training state to resume from (kept while a run is unfinished):
-                        trainable.safetensors and state.pt
+                        trainable.safetensors and state.pt (train.sharding=fsdp:
+                        sharded/, each process's rows, and state.pt)
     metrics.jsonl       one JSON object per line: training rows and eval rows
     rank_history.jsonl  AdaLoRA: per-matrix ranks at every mask event
     rank_pattern.json   AdaLoRA: {module path: final rank}
@@ -47,6 +48,10 @@ CHECKPOINT_TENSORS = "trainable.safetensors"
 """In ``checkpoints/step-N/``: the trainable tensors."""
 CHECKPOINT_STATE = "state.pt"
 """In ``checkpoints/step-N/``: optimizer, scheduler, allocator, RNGs, data order, streams."""
+CHECKPOINT_SHARDED = "sharded"
+"""In ``checkpoints/step-N/`` of a ``train.sharding=fsdp`` run, instead of
+CHECKPOINT_TENSORS: the torch.distributed.checkpoint files of the trained tensors and the
+optimizer state, each process's rows."""
 PREDICTIONS = "predictions.json"
 """SQuAD's answers, ``{id: answer}``, the format the official scripts read."""
 PREDICTIONS_JSONL = "predictions.jsonl"

@@ -64,3 +64,31 @@ def baseline(warm):
 def same_outputs(a: Path, b: Path) -> list[str]:
     """The compared files that differ between two run directories."""
     return [name for name in COMPARED if (a / name).read_bytes() != (b / name).read_bytes()]
+
+
+def forked_ranks(args: list[str], nproc: int = 2, fault: str | None = None) -> list[int]:
+    """``adalora ARGS`` as ``nproc`` torchrun-style ranks forked from this process (the
+    variables torchrun sets, a local rendezvous), without torchrun's launcher: each rank
+    costs a fork, not an interpreter and its imports. Their exit codes, in rank order."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pids = []
+    for rank in range(nproc):
+        pid = os.fork()
+        if pid == 0:  # a rank: never returns into pytest
+            code = 1
+            try:
+                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                if fault:
+                    os.environ["ADALORA_FAULT"] = fault
+                else:
+                    os.environ.pop("ADALORA_FAULT", None)
+                code = CliRunner().invoke(app, args, catch_exceptions=False).exit_code
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    return [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]

@@ -296,6 +296,6 @@ def test_a_truncated_checkpoint_file_is_named(tmp_path):
     path, _ = ckpt.newest_readable(tmp_path, notes.append)
     assert path.name == "step-0000003"
     assert notes == [f"skipped unreadable checkpoint(s) {tensors.parent}: ValueError: "
-                     f"{ckpt.TENSORS} cannot be read (SafetensorError: Error while deserializing "
+                     f"{ckpt.TENSORS} cannot be read (Error while deserializing "
                      "header: incomplete metadata, file not fully covered); resuming from "
                      "step-0000003, the newest one that loads"]

@@ -171,7 +171,7 @@ def test_a_long_child_error_is_kept_whole(tmp_path):
     """A child's one-line error (a deep path makes it long) reaches the sweep's summary and
     ``--status`` whole: the fix is at its end (cut at 300 characters it lost "or upgrade
     transformers if the architecture is newer")."""
-    from adalora_cli.sweep.local import _last_error
+    from adalora_cli.sweep.runs import last_error
     from adalora_cli.sweep.status import _directory_state
 
     path = "/clusters/" + "deep-folder-name/" * 16 + "bert/config.json"
@@ -180,7 +180,7 @@ def test_a_long_child_error_is_kept_whole(tmp_path):
     assert len(line) > 400
     log = tmp_path / "run.log"
     log.write_text(f"$ python -m adalora_cli train ...\n{line}\n")
-    assert _last_error(log) == line
+    assert last_error(log) == line
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("task: {}\n")
