@@ -279,7 +279,7 @@ def _table_rows(text: str) -> list[list[str]]:
 def test_the_run_directory_table_names_the_layouts_files():
     """docs/run-directory.md's table and rundir/layout.py name the same files: every file
     of the table is a layout name, and every layout name of a run directory is in the
-    table (but the lock, the sweep's launch claim and a checkpoint's two files, which the
+    table (but the lock, the sweep's launch claim and a checkpoint's files, which the
     prose describes); the sweep's names are in docs/sweeps.md."""
     from adalora_cli.rundir import layout
 
@@ -288,7 +288,8 @@ def test_the_run_directory_table_names_the_layouts_files():
     documented = {re.split(r"[/<]", name)[0]
                   for row in rows for name in re.findall(r"`([^`]+)`", row[0])}
     assert documented <= names, documented - names
-    hidden = {layout.LOCK, layout.LAUNCH, layout.CHECKPOINT_TENSORS, layout.CHECKPOINT_STATE}
+    hidden = {layout.LOCK, layout.LAUNCH, layout.CHECKPOINT_TENSORS, layout.CHECKPOINT_STATE,
+              layout.CHECKPOINT_SHARDED}
     run_files = names - set(layout.SWEEP_FILES) - hidden
     assert run_files <= documented, run_files - documented
     sweeps = (ROOT / "docs" / "sweeps.md").read_text(encoding="utf-8")
