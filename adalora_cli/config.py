@@ -92,7 +92,13 @@ class TaskConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name_or_path: str = "microsoft/deberta-v3-base"
-    """Hub id or local folder of a pretrained checkpoint."""
+    """Hub id or local folder of a pretrained checkpoint, or a ``.gguf`` file (llama.cpp's
+    format, dequantized at load time; needs the gguf extra). ``package:<module>/<path>``
+    names a file inside an installed package."""
+    gguf_file: str | None = None
+    """A GGUF file inside the folder or hub repo ``name_or_path`` (its file name, as
+    transformers' ``gguf_file=``), or a path to one. Not needed when name_or_path is the
+    ``.gguf`` file itself, or a folder holding one and no config.json."""
     base_dtype: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     """Dtype the frozen base weights are loaded in, whatever dtype the checkpoint was stored
     in; the trained adapter and head are always fp32. bf16/fp16 halve the base's memory and

@@ -26,21 +26,26 @@ from ..methods import apply_method, parameter_table
 from ..methods.base import MethodHandle
 from ..methods.budget_params import budget_info
 from ..methods.registry import check_method
-from ..tasks import get_task
+from ..tasks import get_task, gguf
 from ..tasks.base import Task, TaskData
 from .distributed import World
 from .schedule import total_steps
 
 
 def resolve_resources(cfg: RunConfig) -> RunConfig:
-    """Turn ``package:`` paths into real paths (the demo's bundled weights and data)."""
+    """Turn ``package:`` paths into real paths (the demo's bundled weights and data), and a
+    GGUF base (``model.gguf_file``, a ``.gguf`` path or a folder holding one) into the path
+    of its ``.gguf`` file, the one form every loader takes (tasks/gguf.py)."""
     task = cfg.task
     files = ({k: resources.resolve(v) for k, v in task.data_files.items()}
              if task.data_files else None)
     task = dataclasses.replace(
         task, data_files=files,
         data_dir=resources.resolve(task.data_dir) if task.data_dir else None)
-    model = dataclasses.replace(cfg.model, name_or_path=resources.resolve(cfg.model.name_or_path))
+    m = cfg.model
+    path = gguf.locate(resources.resolve(m.name_or_path),
+                       resources.resolve(m.gguf_file) if m.gguf_file else None)
+    model = dataclasses.replace(m, name_or_path=path, gguf_file=None)
     return dataclasses.replace(cfg, task=task, model=model)
 
 
@@ -212,6 +217,9 @@ class Built:
     handle: MethodHandle
     steps: int
     device: torch.device
+    base_gguf: dict[str, Any] | None = None
+    """A GGUF base's file, sha256 and size (tasks/gguf.py), hashed when it was loaded; None
+    for any other checkpoint."""
 
 
 def build_run(cfg: RunConfig, w: World | None = None) -> Built:
@@ -238,7 +246,9 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     cast_frozen(model, dtype)
     if cfg.train.gradient_checkpointing:
         enable_checkpointing(model)
-    return Built(cfg, task, model, tokenizer, data, handle, steps, device)
+    path = resolved.model.name_or_path
+    base = gguf.describe(path) if gguf.is_gguf(path) else None
+    return Built(cfg, task, model, tokenizer, data, handle, steps, device, base)
 
 
 def dry_run(cfg: RunConfig) -> dict[str, Any]:

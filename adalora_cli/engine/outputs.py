@@ -71,10 +71,13 @@ def head_modules(model: nn.Module) -> list[str]:
                               if id(p) in head))
 
 
-def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> dict[str, Any]:
-    """What an export needs to know about a run, recorded when it finishes."""
+def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle,
+                 base_gguf: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What an export needs to know about a run, recorded when it finishes; a GGUF base
+    adds ``base_gguf`` (its file, sha256 and size), since its name alone does not say which
+    weights it holds."""
     section = method_spec(cfg.method.name).section  # BitFit and full have none
-    return {
+    facts = {
         "base_model": cfg.model.name_or_path,
         "revision": getattr(getattr(model, "config", None), "_commit_hash", None),
         "model_class": type(model).__name__,
@@ -83,6 +86,9 @@ def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> dict
         "head_modules": head_modules(model),
         "hyperparameters": dataclasses.asdict(getattr(cfg, section)) if section else {},
     }
+    if base_gguf is not None:
+        facts["base_gguf"] = base_gguf
+    return facts
 
 
 def _peak_memory(device: torch.device) -> int:
@@ -117,7 +123,8 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
         size=method_spec(cfg.method.name).size_label(cfg, cfg.sweep.budget_level),
         config_digest=config_digest(cfg),
         report=task_report(cfg.task.name, results),
-        export=export_facts(cfg, built.model, handle),  # base model, targets, hparams
+        # base model (a GGUF file with its hash), targets, hyperparameters
+        export=export_facts(cfg, built.model, handle, built.base_gguf),
     )
     allocator = handle.allocator
     if allocator is not None:

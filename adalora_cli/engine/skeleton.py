@@ -23,6 +23,7 @@ from torch import nn
 from ..config import ConfigError, RunConfig
 from ..methods.inject import resolve_targets
 from ..tasks import TASKS
+from ..tasks.pretrained import load_config
 
 _HEADS = {
     "glue": "AutoModelForSequenceClassification",
@@ -30,16 +31,19 @@ _HEADS = {
     "bbc_topic": "AutoModelForSequenceClassification",
     "squad": "AutoModelForQuestionAnswering",
     "summarization": "AutoModelForSeq2SeqLM",
+    "causal_lm": "AutoModelForCausalLM",
+    "bbc_topic_chat": "AutoModelForCausalLM",
 }
 """Task family module -> the transformers auto class its ``build_model`` loads."""
 
 
 def read_model_config(path: str) -> Any:
-    """The checkpoint's ``config.json`` (local folder, or the hub cache); nothing else."""
-    from transformers import AutoConfig
-
+    """The checkpoint's ``config.json`` (local folder, or the hub cache), or a GGUF file's
+    metadata; nothing else."""
     try:
-        return AutoConfig.from_pretrained(path)
+        return load_config(path)
+    except ConfigError:  # said already (a GGUF file without the gguf extra)
+        raise
     except (OSError, ValueError) as err:  # no folder, no config.json, not in the cache
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise ConfigError(f"could not read the config of model {path!r} ({first}); set "

@@ -220,7 +220,7 @@ def count_matrices(config: Path, overrides: list[str], cache: dict) -> int:
 
     cfg = load_config(config, [*overrides, "method.name=adalora"])
     # the family too: one checkpoint is a BERT under GLUE but a BART under summarization
-    key = (task_family(cfg.task.name), cfg.model.name_or_path,
+    key = (task_family(cfg.task.name), cfg.model.name_or_path, cfg.model.gguf_file,
            tuple(cfg.method.target_modules or ()))
     if key not in cache:
         cache[key] = count_adapted(resolve_resources(cfg))

@@ -28,7 +28,7 @@ from . import data as rawdata
 from . import eval_order
 from .base import TaskData
 from .causal_lm_data import LABEL_PAD, encode_row, pack, pad_left, pad_right, row_shape
-from .pretrained import from_pretrained
+from .pretrained import from_pretrained, load_config, load_tokenizer
 
 PREDICTIONS = "predictions.jsonl"
 SPLITS = ("train", "validation")
@@ -54,21 +54,22 @@ class CausalLMTask:
     # ---------------------------------------------------------------- model
 
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         path = self.cfg.model.name_or_path
-        config = AutoConfig.from_pretrained(path)  # OSError: reported by the caller
+        config = load_config(path)  # OSError: reported by the caller
         if getattr(config, "is_encoder_decoder", False):
             raise ConfigError(f"model {path} ({config.model_type}) is an encoder-decoder; "
                               "causal_lm needs a decoder-only model (use task.name=xsum with "
                               "your data for sequence-to-sequence training)")
         try:
-            model = from_pretrained(AutoModelForCausalLM, path, dtype)
+            # the config already read: a GGUF file's metadata takes seconds to parse
+            model = from_pretrained(AutoModelForCausalLM, path, dtype, config=config)
         except ValueError as err:  # transformers: no causal-LM class for this config
             raise ConfigError(f"model {path} ({config.model_type}) has no causal language "
                               f"model head ({str(err).splitlines()[0][:120]}); use a "
                               "decoder-only checkpoint") from None
-        return model, AutoTokenizer.from_pretrained(path)
+        return model, load_tokenizer(path)
 
     # ---------------------------------------------------------------- data
 

@@ -28,7 +28,7 @@ from ..errors import first_line
 from . import data as rawdata
 from . import eval_order, metrics
 from .base import TaskData
-from .pretrained import from_pretrained
+from .pretrained import from_pretrained, load_tokenizer
 
 GLUE_HUB = "nyu-mll/glue"
 
@@ -92,7 +92,7 @@ class TextClassificationTask:
     # ---------------------------------------------------------------- model
 
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification
 
         path = self.cfg.model.name_or_path
         kwargs: dict[str, Any] = {"num_labels": self.num_labels}
@@ -103,7 +103,7 @@ class TextClassificationTask:
             kwargs["id2label"] = dict(enumerate(self.spec.label_names))
             kwargs["label2id"] = {n: i for i, n in enumerate(self.spec.label_names)}
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_tokenizer(path)
             model = from_pretrained(AutoModelForSequenceClassification, path, dtype, **kwargs)
         except OSError as err:  # missing folder, hub unreachable, no such repo
             first = first_line(err)[:200]

@@ -38,7 +38,7 @@ from ..errors import first_line
 from . import data as rawdata
 from . import eval_order, squad_postprocess, squad_scoring
 from .base import TaskData
-from .pretrained import from_pretrained
+from .pretrained import from_pretrained, load_tokenizer
 from .squad_features import QAExample, QAFeatures, build_features
 
 COLUMNS = ("id", "context", "question", "answers")
@@ -152,11 +152,11 @@ class SquadTask:
         """Answers of the last evaluation of each split: {split: {id: answer}}."""
 
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-        from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+        from transformers import AutoModelForQuestionAnswering
 
         path = self.cfg.model.name_or_path
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_tokenizer(path)
             # checked before the (slow) model load: without offsets nothing below can work
             if not getattr(tokenizer, "is_fast", False):
                 raise ConfigError(

@@ -41,7 +41,7 @@ from ..config import ConfigError, RunConfig
 from . import bbc_news, eval_order
 from . import data as rawdata
 from .base import TaskData
-from .pretrained import from_pretrained
+from .pretrained import from_pretrained, load_config, load_tokenizer
 
 # The BART warm start (transformers' BART classes) and ROUGE (rouge-score, nltk) are
 # imported where they are used, so a run that never builds a warm start or scores ROUGE
@@ -140,10 +140,10 @@ class SummarizationTask:
     # ---------------------------------------------------------------- model
 
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-        from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers import AutoModelForSeq2SeqLM
 
         path = self.cfg.model.name_or_path
-        config = AutoConfig.from_pretrained(path)  # OSError: reported by the training loop
+        config = load_config(path)  # OSError: reported by the training loop
         if config.model_type == "bert":
             from . import warm_start
 
@@ -153,7 +153,7 @@ class SummarizationTask:
                               "use a sequence-to-sequence checkpoint such as facebook/bart-large "
                               "(or a BERT checkpoint, which is warm-started into one)")
         return (from_pretrained(AutoModelForSeq2SeqLM, path, dtype),
-                AutoTokenizer.from_pretrained(path))
+                load_tokenizer(path))
 
     # ---------------------------------------------------------------- data
 
