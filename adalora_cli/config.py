@@ -193,6 +193,12 @@ class TrainConfig:
     eval_batch_size: int = 64
     eval_every: int | None = None
     """Evaluate every N optimizer steps as well as at the end."""
+    eval_at_start: bool = False
+    """Also evaluate before the first step: the model as loaded, with the method attached
+    but not yet trained (LoRA and AdaLoRA start at Delta W = 0, so this is the base model;
+    for a causal LM, its zero-shot score with the same prompts and decoding). Logged as step
+    0, printed, and kept in summary.json as metrics_at_start; the trained run's numbers are
+    the same with or without it."""
     log_every: int = 1
     """Write a training row to metrics.jsonl every N optimizer steps."""
     save_weights: bool = True

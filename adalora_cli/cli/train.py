@@ -88,6 +88,10 @@ def _print_final_budget(console: Console, info: dict) -> None:
 def print_result(path: Path) -> None:
     summary = json.loads((path / "summary.json").read_text())
     console = out()
+    # train.eval_at_start: the scores before training, beside the trained ones
+    for split, metrics in (summary.get("metrics_at_start") or {}).items():
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        console.print(f"{split} before training: {shown}", soft_wrap=True)
     for split, metrics in summary["metrics"].items():
         shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         console.print(f"{split}: {shown}")

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from ..config import ConfigError, RunConfig, dump_config
 from ..errors import first_line
 from ..rundir.layout import CONFIG
-from ..rundir.run import RunBusy, RunDir, default_run_dir, write_text_atomic
+from ..rundir.run import RunBusy, RunDir, default_run_dir, read_metrics, write_text_atomic
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults
@@ -239,6 +239,14 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             _heartbeat(run, w) as beat:
         logger = RunLogger(run, trackers, progress, t_cfg.log_every, steps)
         beat.step = pos.step
+        if t_cfg.eval_at_start and latest is None and steps > 0:  # before step 1
+            try:
+                with stop.immediate():  # nothing to save yet: a resume starts over
+                    at_start = _evaluate(built, stepper, 0, logger, w)
+            except Preempted:
+                raise stopped(stop.received) from None
+            for split, metrics in at_start.items():
+                progress.report(f"{split} before training: {_scores(metrics)}")
         if pos.eval_pending:  # a resumed run whose last evaluation was cut short
             boundary(eval_due=True)
         while pos.step < steps:
@@ -286,10 +294,25 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
 
     # epochs actually run (fractional under max_steps): the report's time per epoch
     epochs = steps / math.ceil(len(loader) / t_cfg.grad_accum)
-    summary = write_outputs(built, run, results, train_seconds, epochs)
+    summary = write_outputs(built, run, results, train_seconds, epochs,
+                            _metrics_at_start(run) if t_cfg.eval_at_start else None)
     summary["data"] = data.info  # split sizes and sources: what T was computed from
     summary["checkpoint_bytes"] = pos.checkpoint_bytes
     return summary
+
+
+def _scores(metrics: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+
+
+def _metrics_at_start(run: RunDir) -> dict[str, dict[str, float]] | None:
+    """The step-0 evaluation (train.eval_at_start) as metrics.jsonl holds it, so that a
+    resumed run reports it too."""
+    found: dict[str, dict[str, float]] = {}
+    for row in read_metrics(run.path):
+        if row.get("step") == 0 and "split" in row:
+            found[row["split"]] = {k: v for k, v in row.items() if k not in ("step", "split")}
+    return found or None
 
 
 def _heartbeat(run: RunDir | Silent, w: World):

@@ -99,7 +99,7 @@ def _peak_memory(device: torch.device) -> int:
 
 
 def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
-                  epochs: float) -> dict[str, Any]:
+                  epochs: float, metrics_at_start: dict | None = None) -> dict[str, Any]:
     """Write a finished run's outputs (rank pattern, heatmap, weights); return the summary
     as the dict of a :class:`~adalora_cli.rundir.summary.Summary` (the loop adds to it)."""
     cfg, handle = built.cfg, built.handle
@@ -114,6 +114,7 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
         n_matrices=handle.n_matrices,
         total_steps=built.steps,
         metrics=results,
+        metrics_at_start=metrics_at_start,
         train_seconds=round(train_seconds, 2),
         peak_memory_bytes=_peak_memory(built.device),
         device=str(built.device),

@@ -160,6 +160,14 @@ class TrainProgress:
         if self._lines.enabled:
             self._lines.advance(row)
 
+    def report(self, text: str) -> None:
+        """A line that stays (e.g. the scores before training): above the bar on a
+        terminal, as a plain line in a log; nothing when disabled."""
+        if not self._progress.disable:
+            self._progress.console.print(text, highlight=False, soft_wrap=True)
+        elif self._lines.enabled:
+            print(text, file=sys.stdout, flush=True)
+
     def note(self, text: str) -> None:
         """A transient message (e.g. 'evaluating validation') in place of the stats."""
         self._progress.update(self._task, status=text or self._last)

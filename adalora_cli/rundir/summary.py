@@ -68,6 +68,8 @@ class Summary:
     total_steps: int | None = None
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     """{split: {metric: value}} as the task's evaluate returned them."""
+    metrics_at_start: dict[str, dict[str, float]] | None = None
+    """The same before the first step (``train.eval_at_start``), else None."""
     train_seconds: float | None = None
     peak_memory_bytes: int | None = None
     device: str = ""
@@ -89,7 +91,7 @@ class Summary:
     """Keys this record does not name (e.g. the loop's ``data`` and ``checkpoint_bytes``),
     kept so that reading and writing a summary loses nothing."""
 
-    _OPTIONAL = ("final_adapter_params", "final_budget", "weights")
+    _OPTIONAL = ("final_adapter_params", "final_budget", "weights", "metrics_at_start")
     """Written only when set, as before these records were typed."""
 
     def to_dict(self) -> dict[str, Any]:
