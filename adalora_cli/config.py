@@ -110,8 +110,9 @@ class ModelConfig:
 class MethodConfig:
     name: str = "adalora"
     """Fine-tuning method: a name in ``adalora_cli.methods.registry.METHODS`` (adalora, lora,
-    houlsby, pfeiffer, bitfit, full). Checked there, since config sits below the methods
-    (like task.name, which the task registry checks)."""
+    houlsby, pfeiffer, bitfit, full, or none: no training, the model evaluated as loaded).
+    Checked there, since config sits below the methods (like task.name, which the task
+    registry checks)."""
     target_modules: list[str] | None = None
     """Linear modules to adapt, matched as a suffix of the module path; None = the
     defaults for the model type (DeBERTa-v2/v3, BERT, BART: every attention and FFN matrix)."""

@@ -233,7 +233,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
         torch.cuda.set_device(device)
     resolved = resolve_resources(cfg)
     seed_everything(cfg.train.seed)
-    check_method(cfg)  # an unknown method name fails before the model is loaded
+    spec = check_method(cfg)  # an unknown method name fails before the model is loaded
     task = get_task(resolved)
     dtype = base_dtype(cfg, device)  # what the run asks for, not what the checkpoint stores
     model, tokenizer = load_model(task, resolved, dtype)
@@ -242,6 +242,11 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
+    if not spec.trains:
+        steps = 0  # method none: the model is only evaluated
+    elif not handle.trainable:  # e.g. BitFit on a model without biases (Llama)
+        raise ConfigError(f"method {cfg.method.name} finds nothing to train in "
+                          f"{type(model).__name__}; choose another method.name")
     trained_in_fp32(handle.trainable)
     cast_frozen(model, dtype)
     if cfg.train.gradient_checkpointing:

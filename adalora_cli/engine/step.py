@@ -61,7 +61,8 @@ class Stepper:
         """AdamW, the linear warm-up/decay over ``steps`` and a GradScaler (enabled for
         fp16 only: bf16 and fp32 need no loss scaling), as ``train`` configures them."""
         autocast, amp_dtype = autocast_factory(train.precision, device)
-        optimizer = torch.optim.AdamW(handle.trainable, lr=train.learning_rate,
+        # one parameter group, as a plain list gives, but one that may be empty (method none)
+        optimizer = torch.optim.AdamW([{"params": handle.trainable}], lr=train.learning_rate,
                                       weight_decay=train.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, linear_schedule(train.warmup_steps, steps))

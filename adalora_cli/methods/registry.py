@@ -81,6 +81,9 @@ class MethodSpec:
     targeted: bool = False
     """It wraps the linear modules named by ``method.target_modules`` (the bottleneck
     adapters sit at fixed sites instead; BitFit and full touch the whole model)."""
+    trains: bool = True
+    """False: its run takes no step (T = 0) and only evaluates the model as loaded (``none``,
+    the base model's zero-shot score as a row beside the trained methods)."""
 
     @property
     def sized(self) -> bool:
@@ -114,7 +117,9 @@ class MethodSpec:
 
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
-    # The paper's row order (Table 1): full fine-tuning, then the cheapest baselines first.
+    # The untrained base first, then the paper's row order (Table 1): full fine-tuning, then
+    # the cheapest baselines first.
+    MethodSpec("none", "Base model", None, "apply:build_none", mergeable=True, trains=False),
     MethodSpec("full", "Full FT", None, "apply:build_full", mergeable=True,
                saves_whole_model=True),
     MethodSpec("bitfit", "BitFit", None, "apply:build_bitfit", mergeable=True),
