@@ -29,7 +29,8 @@ class TaskConfig:
     name: str = "rte"
     """Task key: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), squad_v1, squad_v2,
     xsum, cnn_dailymail, causal_lm (your own JSONL/CSV/Parquet on a decoder-only model), or an
-    offline demo (rotten_tomatoes, bbc_topic, bbc_news)."""
+    offline demo (rotten_tomatoes, bbc_topic, bbc_news, and bbc_topic_chat for a decoder-only
+    chat model)."""
     dataset: str | None = None
     """Hub dataset id; None means the task's default (nyu-mll/glue for GLUE)."""
     data_dir: str | None = None

@@ -76,6 +76,12 @@ class CausalLMTask:
     def where(self, split: str) -> str:
         return rawdata.describe_source(self.cfg.task, split, dataset=self.cfg.task.dataset)
 
+    def raw_splits(self) -> dict[str, datasets.Dataset]:
+        """The train and validation rows before encoding (a task built on this family
+        with data of its own overrides this and :meth:`where`)."""
+        task = self.cfg.task
+        return rawdata.load_splits(task, SPLITS, dataset=task.dataset)
+
     def encode(self, ds: datasets.Dataset, split: str, tokenizer: Any) -> list[dict[str, Any]]:
         where = self.where(split)
         if len(ds) == 0:
@@ -97,7 +103,7 @@ class CausalLMTask:
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
         task = self.cfg.task
-        raw = rawdata.load_splits(task, SPLITS, dataset=task.dataset)
+        raw = self.raw_splits()
         info: dict[str, Any] = {"task": self.name}
         splits: dict[str, Any] = {}
         for split, ds in raw.items():

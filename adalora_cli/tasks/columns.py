@@ -43,6 +43,9 @@ REPORTS: dict[str, TaskReport] = {
         ("R-1", _ROUGE, "rouge1", 1), ("R-2", _ROUGE, "rouge2", 1), ("R-L", _ROUGE, "rougeL", 1))),
     "cnn_dailymail": TaskReport("CNN/DailyMail", "summarization", _cols(
         ("R-1", _ROUGE, "rouge1", 1), ("R-2", _ROUGE, "rouge2", 1), ("R-L", _ROUGE, "rougeL", 1))),
+    # the LLM demo: generated replies, scored x100 already
+    "bbc_topic_chat": TaskReport("BBC topics (chat)", "other", _cols(
+        ("EM", VAL, "exact_match", 1), ("R-L", VAL, "rougeL", 1))),
 }
 """Task name -> its report; order = the paper's column order."""
 

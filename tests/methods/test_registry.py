@@ -62,7 +62,7 @@ def test_each_entry_names_a_real_section_and_a_builder_of_itself(name):
     builder = getattr(importlib.import_module(f"adalora_cli.methods.{module}"), function)
     assert callable(builder)
     handle = apply_method(tiny_bert(), cfg, None)  # builds through the registry
-    assert handle.name == name and handle.trainable
+    assert handle.name == name and bool(handle.trainable) == spec.trains
 
 
 def test_every_builder_in_apply_has_an_entry():
@@ -72,9 +72,11 @@ def test_every_builder_in_apply_has_an_entry():
 
 
 def test_the_paper_row_order_and_titles():
-    assert list(METHODS) == ["full", "bitfit", "houlsby", "pfeiffer", "lora", "adalora"]
+    assert list(METHODS) == ["none", "full", "bitfit", "houlsby", "pfeiffer", "lora",
+                             "adalora"]
     assert [s.title for s in METHODS.values()] == [
-        "Full FT", "BitFit", "HAdapter", "PAdapter", "LoRA", "AdaLoRA"]
+        "Base model", "Full FT", "BitFit", "HAdapter", "PAdapter", "LoRA", "AdaLoRA"]
+    assert [n for n, s in METHODS.items() if not s.trains] == ["none"]
 
 
 def test_an_unknown_method_is_one_line_naming_every_choice():
@@ -82,8 +84,8 @@ def test_an_unknown_method_is_one_line_naming_every_choice():
     bad = dataclasses.replace(cfg, method=dataclasses.replace(cfg.method, name="qlora"))
     with pytest.raises(ConfigError) as info:
         check_method(bad)
-    assert str(info.value) == ("unknown method.name 'qlora'; choose from full, bitfit, houlsby, "
-                               "pfeiffer, lora, adalora")
+    assert str(info.value) == ("unknown method.name 'qlora'; choose from none, full, bitfit, "
+                               "houlsby, pfeiffer, lora, adalora")
     with pytest.raises(ConfigError, match="unknown method.name 'qlora'"):
         apply_method(tiny_bert(), bad, None)
 
@@ -98,12 +100,13 @@ def test_size_labels_by_hand():
         assert method_spec(adapter).size_label(cfg, None) == "d=16"
     assert method_spec("bitfit").size_label(run_config("bitfit"), 144) == ""
     assert method_spec("full").size_label(run_config("full"), None) == ""
+    assert method_spec("none").size_label(run_config("none"), 144) == ""
 
 
 def test_budget_matching_at_rbar_2_on_72_matrices():
     # b(T) = 144 over n = 72: rbar 2 -> r0 4 (the paper's table), r 2, d 8 and 16
     got = {name: spec.size_overrides(144, 72) for name, spec in METHODS.items()}
-    assert got == {"full": [], "bitfit": [],
+    assert got == {"none": [], "full": [], "bitfit": [],
                    "houlsby": ["adapter.dim=8"], "pfeiffer": ["adapter.dim=16"],
                    "lora": ["lora.r=2"],
                    "adalora": ["adalora.budget=144", "adalora.init_rank=4"]}
@@ -124,13 +127,13 @@ def test_consumers_derive_their_lists_from_the_registry(monkeypatch):
     from adalora_cli.sweep import plan
 
     assert plan.SIZED == ("houlsby", "pfeiffer", "lora", "adalora")
-    assert merged.MERGEABLE == ("full", "bitfit", "lora", "adalora")
+    assert merged.MERGEABLE == ("none", "full", "bitfit", "lora", "adalora")
     assert tables.METHOD_NAMES == {n: s.title for n, s in METHODS.items()}
     extra = dataclasses.replace(METHODS["lora"], name="dora", title="DoRA")
     monkeypatch.setitem(METHODS, "dora", extra)
     assert plan.parse_methods("dora,lora") == ["dora", "lora"]
     assert plan.size_overrides("dora", 144, 72) == ["lora.r=2"]
-    with pytest.raises(ConfigError, match="choose from full, .*, adalora, dora"):
+    with pytest.raises(ConfigError, match="choose from none, full, .*, adalora, dora"):
         plan.parse_methods("qlora")
 
 
