@@ -247,6 +247,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                 raise stopped(stop.received) from None
             for split, metrics in at_start.items():
                 progress.report(f"{split} before training: {_scores(metrics)}")
+            progress.restart_clock()  # the eta is the training's, not the evaluation's
         if pos.eval_pending:  # a resumed run whose last evaluation was cut short
             boundary(eval_due=True)
         while pos.step < steps:
