@@ -9,8 +9,7 @@ from collections import Counter
 
 import datasets
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
@@ -29,6 +28,11 @@ def chats():
 
 
 @pytest.fixture(scope="module")
+def topics():
+    return bbc_topic.load_corpus()  # the classifier demo: same articles, same split
+
+
+@pytest.fixture(scope="module")
 def tok():
     return AutoTokenizer.from_pretrained(LLAMA)
 
@@ -39,8 +43,7 @@ def _task(*overrides: str):
                                        *overrides]))
 
 
-def test_the_chats_are_the_topic_demos_rows_asked_as_a_question(chats):
-    topics = bbc_topic.load_corpus()  # the classifier demo: same articles, same split
+def test_the_chats_are_the_topic_demos_rows_asked_as_a_question(chats, topics):
     for split in ("train", "validation"):
         rows, ref = chats[split], topics[split]
         assert len(rows) == len(ref) == {"train": 2_020, "validation": 205}[split]
@@ -59,18 +62,18 @@ def test_the_chats_are_the_topic_demos_rows_asked_as_a_question(chats):
     assert chats["validation"]["id"][0].startswith("business/")
 
 
-def test_only_paragraph_leads_are_cut(chats):
-    leads = {split: ds["text"] for split, ds in bbc_topic.load_corpus().items()}
+def test_only_paragraph_leads_are_cut(chats, topics):
+    leads = {split: ds["text"] for split, ds in topics.items()}
     shortened = {split: sum(m[1]["content"] != f"{QUESTION}\n\n{lead}"
                             for m, lead in zip(chats[split]["messages"], leads[split]))
                  for split in chats}
     assert shortened == {"train": 13, "validation": 2}  # as the module says
 
 
-def test_rows_render_through_the_models_chat_template(tok):
+def test_rows_render_through_the_models_chat_template(tok, chats):
     data = _task("task.max_eval_samples=3", "task.max_train_samples=4").load_data(tok)
     row = data.eval_splits["validation"][0]
-    lead = load_chats()["validation"]["messages"][0][1]["content"]
+    lead = chats["validation"]["messages"][0][1]["content"]
     prompt = f"<s><|system|>\n{SYSTEM}\n<|user|>\n{lead}\n<|assistant|>\n"
     reply = "business</s>\n"  # the template closes the assistant's turn with EOS
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
@@ -104,7 +107,7 @@ def test_predict_asks_a_text_column_the_training_question(tok, monkeypatch):
     assert seen["prompts"] == want
 
 
-def test_a_run_generates_a_reply_per_validation_lead(tmp_path, in_repo):
+def test_a_run_generates_a_reply_per_validation_lead(tmp_path, in_repo, chats):
     result = CliRunner().invoke(app, [
         "train", str(DEMO), f"model.name_or_path={LLAMA}", "method.name=lora", "lora.r=2",
         "task.max_train_samples=16", "task.max_eval_samples=6", "train.max_steps=2",
@@ -114,12 +117,10 @@ def test_a_run_generates_a_reply_per_validation_lead(tmp_path, in_repo):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "r/predictions.jsonl").read_text()
             .splitlines()]
-    ids = load_chats()["validation"]["id"][:6]
+    ids = chats["validation"]["id"][:6]
     assert sorted(r["id"] for r in rows) == sorted(ids)
     assert all(r["reference"] in bbc_topic.TOPICS and QUESTION in r["prompt"] for r in rows)
     summary = json.loads((tmp_path / "r/summary.json").read_text())
     assert summary["report"]["title"] == "BBC topics (chat)"
     assert [c["label"] for c in summary["report"]["columns"]] == ["EM", "R-L"]
-    model = AutoModelForCausalLM.from_pretrained(LLAMA)  # the run built the same model
-    assert summary["export"]["model_class"] == type(model).__name__
-    assert torch.is_tensor(next(model.parameters()))
+    assert summary["export"]["model_class"] == "LlamaForCausalLM"
