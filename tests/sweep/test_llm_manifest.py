@@ -31,7 +31,7 @@ def test_llm_manifest_plans_the_base_once_and_both_methods_three_times(in_repo):
         cfg = load_config(run.config, list(run.overrides))
         assert (cfg.method.name, cfg.train.seed) == (run.method, run.seed)
         assert (cfg.train.max_steps, cfg.train.batch_size, cfg.train.learning_rate) == (
-            120, 8, 1e-3)
+            100, 4, 1e-3)
         if run.method == "none":
             assert cfg.sweep.budget_level is None
             continue
