@@ -26,6 +26,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,20 @@ def model_kwargs() -> dict[str, Any]:
     except ImportError:
         return {}
     return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+@contextlib.contextmanager
+def reading(path: str):
+    """Inside: a file transformers cannot read as a model (truncated, not GGUF at all, an
+    architecture it does not know) is a one-line error naming the file."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (struct.error, ValueError, KeyError, IndexError, EOFError, OSError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise ConfigError(f"could not read {path} as a model ({first}); check that it is a "
+                          "complete GGUF file of an architecture transformers supports") from None
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ def from_pretrained(auto_class: Any, path: str, dtype: torch.dtype = torch.float
     where, extra = gguf.split(path)
     if not extra:
         return auto_class.from_pretrained(where, **{DTYPE_KEYWORD: dtype}, **kwargs)
-    with gguf.progress_as_configured():
+    with gguf.reading(path), gguf.progress_as_configured():
         return auto_class.from_pretrained(where, **{DTYPE_KEYWORD: dtype}, **extra,
                                           **gguf.model_kwargs(), **kwargs)
 
@@ -45,7 +45,10 @@ def load_config(path: str, **kwargs: Any) -> Any:
     from transformers import AutoConfig
 
     where, extra = gguf.split(path)
-    return AutoConfig.from_pretrained(where, **extra, **kwargs)
+    if not extra:
+        return AutoConfig.from_pretrained(where, **kwargs)
+    with gguf.reading(path):
+        return AutoConfig.from_pretrained(where, **extra, **kwargs)
 
 
 def load_tokenizer(path: str, **kwargs: Any) -> Any:
@@ -53,4 +56,7 @@ def load_tokenizer(path: str, **kwargs: Any) -> Any:
     from transformers import AutoTokenizer
 
     where, extra = gguf.split(path)
-    return AutoTokenizer.from_pretrained(where, **extra, **kwargs)
+    if not extra:
+        return AutoTokenizer.from_pretrained(where, **kwargs)
+    with gguf.reading(path):
+        return AutoTokenizer.from_pretrained(where, **extra, **kwargs)

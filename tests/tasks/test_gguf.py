@@ -152,3 +152,23 @@ def test_without_the_extra_training_stops_with_the_install_hint(tiny_gguf, tmp_p
     assert lines == [f"error: {tiny_gguf} is a GGUF file; reading it needs the gguf package: "
                      "pip install -e '.[gguf]' (or make install)"], result.output
     assert not run.exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("command", [["train"], ["train", "--dry-run"],
+                                     ["sweep", "--budget", "14", "--dry-run"]])
+def test_a_broken_gguf_file_is_one_line(tiny_gguf, tmp_path, in_repo, command):
+    folder = tmp_path / "model"  # a folder holding only a .gguf: that file is the model
+    folder.mkdir()
+    (folder / "cut.gguf").write_bytes(tiny_gguf.read_bytes()[:2000])  # a partial download
+    where = {"train": ["--run-dir", str(tmp_path / "out")],
+             "sweep": ["--sweep-dir", str(tmp_path / "out")]}[command[0]]
+    where = [] if "--dry-run" in command and command[0] == "train" else where
+    result = CliRunner().invoke(app, [command[0], "configs/smoke/causal_lm.yaml",
+                                      f"model.name_or_path={folder}", *command[1:], *where])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: could not read {folder / 'cut.gguf'} as a model ("), result.output
+    assert lines[0].endswith("check that it is a complete GGUF file of an architecture "
+                             "transformers supports")
+    assert not (tmp_path / "out").exists()
