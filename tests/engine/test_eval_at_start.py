@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from adalora_cli.artifacts.export import export_run
 from adalora_cli.cli import app
 from adalora_cli.rundir.run import read_metrics
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, copy_of
 
 SMOKE = "configs/smoke/causal_lm.yaml"
 
@@ -87,3 +87,18 @@ def test_a_method_with_nothing_to_train_is_refused(method, tmp_path, in_repo):
     assert result.output.strip() == (f"error: method {method} finds nothing to train in "
                                      "LlamaForCausalLM; choose another method.name")
     assert not (tmp_path / "r").exists()
+
+
+def test_the_report_shows_the_base_model_as_a_row_of_its_own(smoke_runs, tmp_path):
+    copy_of(smoke_runs(SMOKE, "method.name=none"), tmp_path / "runs" / "base")
+    copy_of(smoke_runs(SMOKE), tmp_path / "runs" / "adalora")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--format",
+                                      "markdown"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in result.output.splitlines() if line.startswith("| ")}
+    assert rows["Base model"][1] == "0"  # # Params: nothing trained
+    base_loss = _summary(tmp_path / "runs/base")["metrics"]["validation"]["loss"]
+    assert rows["Base model"][3].strip("*").startswith(f"{base_loss:.2f}")
+    cost = [line for line in result.output.splitlines() if "| causal_lm | Base model |" in line]
+    assert [c.strip() for c in cost[0].split("|")[1:-1]][5] == ""  # no time per epoch
