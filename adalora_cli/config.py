@@ -8,18 +8,44 @@ their full dotted path, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
 
 class ConfigError(ValueError):
     """A config problem, phrased as one line that names the problem and the fix."""
+
+
+# --------------------------------------------------------------------------- checks
+# Each section checks itself in __post_init__ (as PEFT's and litgpt's configs do), so a bad
+# value is refused however the section is made: loaded, overridden or dataclasses.replace'd.
+# Checks that need data (the schedule against T) happen when the method is built.
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def _check_finite(obj: Any, prefix: str) -> None:
+    """inf or nan in any number field is a typo, never a setting."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}.{f.name} must be a finite number, got {value}")
+
+
+def _check_dropout(value: float, key: str) -> None:
+    _check(0.0 <= value < 1.0, f"{key} must lie in [0, 1), got {value}")
 
 
 @dataclass(frozen=True)
@@ -89,6 +115,21 @@ class TaskConfig:
     every prompt and scores exact match and ROUGE-L; 0 scores loss and perplexity only.
     ``adalora predict`` generates up to this many tokens (64 when 0)."""
 
+    def __post_init__(self) -> None:
+        _check_finite(self, "task")
+        _check(self.max_length >= 8, f"task.max_length must be >= 8, got {self.max_length}")
+        # each family's own keys, checked whatever the task (the defaults all pass); checks
+        # that tie two keys of one family (SQuAD's doc_stride < max_length) are its own
+        _check(self.n_best >= 1 and self.max_answer_length >= 1,
+               f"task.n_best ({self.n_best}) and task.max_answer_length "
+               f"({self.max_answer_length}) must be >= 1; defaults are 20 and 30")
+        for key, least in (("max_target_length", 1), ("num_beams", 1),
+                           ("generation_min_length", 0), ("no_repeat_ngram_size", 0)):
+            value = getattr(self, key)
+            _check(value >= least, f"task.{key} must be >= {least}, got {value}")
+        _check(self.max_new_tokens >= 0, "task.max_new_tokens must be >= 0 (0: no "
+               f"generation), got {self.max_new_tokens}")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -103,8 +144,8 @@ class ModelConfig:
     base_dtype: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     """Dtype the frozen base weights are loaded in, whatever dtype the checkpoint was stored
     in; the trained adapter and head are always fp32. bf16/fp16 halve the base's memory and
-    need CUDA with mixed precision (train.precision auto, bf16 or fp16); 'auto' is bf16 where
-    that holds and the GPU supports it, else fp32."""
+    need CUDA with mixed precision (train.precision auto, bf16 or fp16); 'auto' is bf16 under
+    bf16 autocast (a GPU with native bf16), else fp32."""
 
 
 @dataclass(frozen=True)
@@ -116,13 +157,21 @@ class MethodConfig:
     registry checks)."""
     target_modules: list[str] | None = None
     """Linear modules to adapt, matched as a suffix of the module path; None = the
-    defaults for the model type (DeBERTa-v2/v3, BERT, BART: every attention and FFN matrix)."""
+    model type's defaults: every attention and FFN matrix of every layer, for each model
+    type of ``adalora_cli/methods/targets.py`` (docs/own-model.md#which-models)."""
 
 
 @dataclass(frozen=True)
 class AdaLoRAConfig:
-    budget: int = 144
-    """b(T): total rank (number of unmasked singular values) kept at the end."""
+    budget: int | None = 144
+    """b(T): total rank (number of unmasked singular values) kept at the end; null when
+    ``target_rank`` states it instead."""
+    target_rank: float | None = None
+    """b(T) as a mean final rank per adapted matrix, b(T) / n (PEFT's ``target_r``): when
+    set, b(T) = round(target_rank * n) for the n matrices this model adapts, so one config
+    means the same on a 16- or a 32-layer model; ``budget`` is then not read (set one of
+    the two; ``adalora.budget=...`` on the command line replaces a file's target_rank, and
+    the other way round). The run directory's config.yaml records the b(T) it came to."""
     init_rank: int = 4
     """r0: initial rank of every adapted matrix; b0 = n * r0."""
     alpha: float = 32.0
@@ -148,6 +197,40 @@ class AdaLoRAConfig:
     prune: bool = True
     """False keeps every triplet (the SVD-LoRA ablation of Table 6)."""
 
+    def final_budget(self, n: int) -> int:
+        """b(T) over ``n`` adapted matrices: ``budget``, or ``target_rank`` x n rounded
+        half up (at least 1)."""
+        if self.target_rank is None:
+            return int(self.budget)  # not None: __post_init__ asks for one of the two
+        return max(1, math.floor(self.target_rank * n + 0.5))
+
+    def resolved(self, n: int) -> AdaLoRAConfig:
+        """This section with b(T) written out as ``budget`` for ``n`` matrices."""
+        if self.target_rank is None:
+            return self
+        return dataclasses.replace(self, budget=self.final_budget(n), target_rank=None)
+
+    EXCLUSIVE: ClassVar = (("budget", "target_rank"),)
+    """Keys of which a config may set only one (checked as a config is read; an override
+    of one replaces the other as the file sets it)."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "adalora")
+        _check(self.init_rank >= 1, f"adalora.init_rank must be >= 1, got {self.init_rank}")
+        _check(self.budget is not None or self.target_rank is not None,
+               "adalora.budget is null but adalora.target_rank is not set; give one of them")
+        _check(self.budget is None or self.budget >= 0,
+               f"adalora.budget must be >= 0, got {self.budget}")
+        _check(self.target_rank is None or self.target_rank > 0,
+               f"adalora.target_rank must be > 0 when set, got {self.target_rank}")
+        _check(self.delta_t >= 1, f"adalora.delta_t must be >= 1, got {self.delta_t}")
+        _check(self.t_init >= 0 and self.t_final >= 0, "adalora.t_init and adalora.t_final "
+               f"must be >= 0, got {self.t_init} and {self.t_final}")
+        for name, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
+            _check(0.0 < beta < 1.0, f"adalora.{name} must lie in (0, 1), got {beta}")
+        _check(self.gamma >= 0, f"adalora.gamma must be >= 0, got {self.gamma}")
+        _check_dropout(self.dropout, "adalora.dropout")
+
 
 @dataclass(frozen=True)
 class LoRAConfig:
@@ -163,6 +246,12 @@ class LoRAConfig:
     """True prunes LoRA doublets with AdaLoRA's scores and schedule (prune-LoRA, Table 5);
     the budget, schedule and score come from the adalora section."""
 
+    def __post_init__(self) -> None:
+        _check_finite(self, "lora")
+        _check(self.r >= 1, f"lora.r must be >= 1, got {self.r}")
+        _check(self.gamma >= 0, f"lora.gamma must be >= 0, got {self.gamma}")
+        _check_dropout(self.dropout, "lora.dropout")
+
 
 @dataclass(frozen=True)
 class AdapterConfig:
@@ -170,6 +259,11 @@ class AdapterConfig:
     """Bottleneck width d of the Houlsby / Pfeiffer adapters."""
     dropout: float = 0.0
     """Dropout inside the adapter, after the activation."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "adapter")
+        _check(self.dim >= 1, f"adapter.dim must be >= 1, got {self.dim}")
+        _check_dropout(self.dropout, "adapter.dropout")
 
 
 @dataclass(frozen=True)
@@ -189,18 +283,19 @@ class TrainConfig:
     """Gradient clipping; 0 disables it."""
     seed: int = 42
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    """Autocast on CUDA ('auto' = bf16 where supported, else fp16); CPU always runs fp32."""
+    """Autocast on CUDA: 'auto' = bf16 where the GPU runs it natively (compute capability
+    >= 8.0), else fp16 with loss scaling (V100, T4); CPU always runs fp32."""
     device: str = "auto"
     """'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ..."""
     eval_batch_size: int = 64
     eval_every: int | None = None
     """Evaluate every N optimizer steps as well as at the end."""
     eval_at_start: bool = False
-    """Also evaluate before the first step: the model as loaded, with the method attached
-    but not yet trained (LoRA and AdaLoRA start at Delta W = 0, so this is the base model;
-    for a causal LM, its zero-shot score with the same prompts and decoding). Logged as step
-    0, printed, and kept in summary.json as metrics_at_start; the trained run's numbers are
-    the same with or without it."""
+    """Also evaluate before the first optimizer step (step 0 in metrics.jsonl): the
+    pretrained model with its fresh task head, since every method starts as the identity
+    (Delta W = 0) - the number to beat. A resumed run does not evaluate it again; the
+    scores are kept in summary.json as ``metrics_at_start``, and the trained run's numbers
+    are the same with or without it."""
     log_every: int = 1
     """Write a training row to metrics.jsonl every N optimizer steps."""
     save_weights: bool = True
@@ -222,6 +317,38 @@ class TrainConfig:
     """Run each batch as this many micro-batches of similar length, each padded on its own
     (same examples per step, fewer padded tokens; a CPU speed-up, see engine/split.py);
     1 keeps the batch whole. Between 1 and batch_size."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "train")
+        _check(self.learning_rate > 0,
+               f"train.learning_rate must be > 0, got {self.learning_rate}")
+        _check(self.batch_size >= 1, f"train.batch_size must be >= 1, got {self.batch_size}")
+        _check(self.grad_accum >= 1, f"train.grad_accum must be >= 1, got {self.grad_accum}")
+        _check(1 <= self.length_split <= self.batch_size,
+               "train.length_split must lie between 1 and train.batch_size "
+               f"({self.batch_size}), got {self.length_split}")
+        _check(self.epochs > 0 or self.max_steps,
+               "train.epochs must be > 0 (or set train.max_steps)")
+        _check(self.max_steps is None or self.max_steps >= 1,
+               f"train.max_steps must be >= 1 when set, got {self.max_steps}")
+        _check(self.eval_every is None or self.eval_every >= 1,
+               "train.eval_every must be >= 1 when set")
+        _check(self.log_every >= 1, f"train.log_every must be >= 1, got {self.log_every}")
+        _check(self.save_every >= 0, "train.save_every must be >= 0 (0: only at the end), "
+               f"got {self.save_every}")
+        # checked here, before a run directory exists: otherwise they surface only at the
+        # first evaluation (eval_batch_size), when the optimizer is built (weight_decay), or
+        # never, silently meaning something else (a negative warm-up or clipping norm)
+        _check(self.eval_batch_size >= 1,
+               f"train.eval_batch_size must be >= 1, got {self.eval_batch_size}")
+        _check(self.weight_decay >= 0,
+               f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        _check(self.warmup_steps >= 0,
+               f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _check(self.max_grad_norm >= 0, "train.max_grad_norm must be >= 0 (0 disables "
+               f"clipping), got {self.max_grad_norm}")
+        _check(self.keep_checkpoints >= 1,
+               f"train.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
 
 
 @dataclass(frozen=True)
@@ -262,6 +389,14 @@ class LogConfig:
     mask event only when this many seconds have passed since the last one, and always at
     the end; 0 draws one at every mask event."""
 
+    def __post_init__(self) -> None:
+        _check_finite(self, "log")
+        # trackers: each named once, heatmap uploads at most this often
+        _check(len(set(self.to)) == len(self.to),
+               f"log.to names a tracker twice ({self.to}); list each once")
+        _check(self.heatmap_every_s >= 0,
+               f"log.heatmap_every_s must be >= 0, got {self.heatmap_every_s}")
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -278,72 +413,10 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-# --------------------------------------------------------------------------- validation
-
-
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
-
-
-def _check_finite(obj: Any, prefix: str) -> None:
-    """inf or nan in any number field is a typo, never a setting."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        path = f"{prefix}.{f.name}" if prefix else f.name
-        if dataclasses.is_dataclass(value):
-            _check_finite(value, path)
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{path} must be a finite number, got {value}")
-
-
-def validate(cfg: RunConfig) -> None:
-    """Checks that need no data. The schedule against T is checked when the method is built."""
-    _check_finite(cfg, "")
-    a, lo, t = cfg.adalora, cfg.lora, cfg.train
-    _check(a.init_rank >= 1, f"adalora.init_rank must be >= 1, got {a.init_rank}")
-    _check(a.budget >= 0, f"adalora.budget must be >= 0, got {a.budget}")
-    _check(a.delta_t >= 1, f"adalora.delta_t must be >= 1, got {a.delta_t}")
-    _check(a.t_init >= 0 and a.t_final >= 0,
-           f"adalora.t_init and adalora.t_final must be >= 0, got {a.t_init} and {a.t_final}")
-    for name, beta in (("beta1", a.beta1), ("beta2", a.beta2)):
-        _check(0.0 < beta < 1.0, f"adalora.{name} must lie in (0, 1), got {beta}")
-    _check(a.gamma >= 0 and lo.gamma >= 0, "adalora.gamma and lora.gamma must be >= 0")
-    _check(lo.r >= 1, f"lora.r must be >= 1, got {lo.r}")
-    _check(cfg.adapter.dim >= 1, f"adapter.dim must be >= 1, got {cfg.adapter.dim}")
-    for name, p in (("adalora.dropout", a.dropout), ("lora.dropout", lo.dropout),
-                    ("adapter.dropout", cfg.adapter.dropout)):
-        _check(0.0 <= p < 1.0, f"{name} must lie in [0, 1), got {p}")
-    _check(t.learning_rate > 0, f"train.learning_rate must be > 0, got {t.learning_rate}")
-    _check(t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}")
-    _check(t.grad_accum >= 1, f"train.grad_accum must be >= 1, got {t.grad_accum}")
-    _check(1 <= t.length_split <= t.batch_size,
-           f"train.length_split must lie between 1 and train.batch_size ({t.batch_size}), "
-           f"got {t.length_split}")
-    _check(t.epochs > 0 or t.max_steps, "train.epochs must be > 0 (or set train.max_steps)")
-    _check(t.max_steps is None or t.max_steps >= 1,
-           f"train.max_steps must be >= 1 when set, got {t.max_steps}")
-    _check(t.eval_every is None or t.eval_every >= 1, "train.eval_every must be >= 1 when set")
-    _check(t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}")
-    _check(t.save_every >= 0, f"train.save_every must be >= 0 (0: only at the end), got "
-                              f"{t.save_every}")
-    # checked here, before a run directory exists: otherwise they surface only at the
-    # first evaluation (eval_batch_size), when the optimizer is built (weight_decay), or
-    # never, silently meaning something else (a negative warm-up or clipping norm)
-    _check(t.eval_batch_size >= 1, f"train.eval_batch_size must be >= 1, got {t.eval_batch_size}")
-    _check(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
-    _check(t.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
-    _check(t.max_grad_norm >= 0,
-           f"train.max_grad_norm must be >= 0 (0 disables clipping), got {t.max_grad_norm}")
-    _check(t.keep_checkpoints >= 1,
-           f"train.keep_checkpoints must be >= 1, got {t.keep_checkpoints}")
-    _check(cfg.task.max_length >= 8, f"task.max_length must be >= 8, got {cfg.task.max_length}")
-    # trackers: each named once, heatmap uploads at most this often
-    _check(len(set(cfg.log.to)) == len(cfg.log.to),
-           f"log.to names a tracker twice ({cfg.log.to}); list each once")
-    _check(cfg.log.heatmap_every_s >= 0,
-           f"log.heatmap_every_s must be >= 0, got {cfg.log.heatmap_every_s}")
+    def with_final_budget(self, n: int) -> RunConfig:
+        """This config with b(T) written out for ``n`` adapted matrices (``adalora.budget``
+        in place of ``adalora.target_rank``): what a run directory records."""
+        return dataclasses.replace(self, adalora=self.adalora.resolved(n))
 
 
 # --------------------------------------------------------------------------- loading
@@ -446,6 +519,10 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         raise ConfigError(
             f"unknown config key {where}{unknown[0]}; valid keys here: {', '.join(sorted(names))}"
         )
+    for first, second in getattr(cls, "EXCLUSIVE", ()):
+        if data.get(first) is not None and data.get(second) is not None:
+            raise ConfigError(f"{prefix}.{first} and {prefix}.{second} are both set; keep one "
+                              f"({prefix}.{first}=null or {prefix}.{second}=null)")
     kwargs = {}
     for name, value in data.items():
         path = f"{prefix}.{name}" if prefix else name
@@ -458,9 +535,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 
 
 def from_dict(data: dict[str, Any]) -> RunConfig:
-    cfg = _build(RunConfig, data, "")
-    validate(cfg)
-    return cfg
+    """A checked config from nested sections (each section checks itself as it is made)."""
+    return _build(RunConfig, data, "")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -488,9 +564,25 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config, apply ``key=value`` overrides, and validate."""
-    data = apply_overrides(read_yaml(path), list(overrides or []))
-    return from_dict(data)
+    """Read a YAML config, apply ``key=value`` overrides, and validate. An override of one
+    key of an exclusive pair (``adalora.budget`` / ``adalora.target_rank``) replaces the
+    other as the file sets it: the command line wins."""
+    data = read_yaml(path)
+    _give_way(data, [item.partition("=")[0].strip() for item in overrides or []])
+    return from_dict(apply_overrides(data, list(overrides or [])))
+
+
+def _give_way(data: dict[str, Any], keys: list[str]) -> None:
+    """Drop from the file's sections the partner of an exclusive key an override sets."""
+    hints = typing.get_type_hints(RunConfig)
+    for section, hint in hints.items():
+        node = data.get(section)
+        if not isinstance(node, dict):
+            continue
+        for pair in getattr(hint, "EXCLUSIVE", ()):
+            for mine, other in (pair, pair[::-1]):
+                if f"{section}.{mine}" in keys and f"{section}.{other}" not in keys:
+                    node.pop(other, None)
 
 
 RESUMABLE_KEYS = ("train.save_every", "train.keep_checkpoints", "train.device",
@@ -514,3 +606,26 @@ def resume_config(path: str | Path, overrides: list[str]) -> RunConfig:
 
 def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+# --------------------------------------------------------------------------- flat views
+
+
+def flatten(data: Mapping[str, Any], sep: str = ".", leaves: tuple[str, ...] = (),
+            prefix: str = "") -> dict[str, Any]:
+    """Nested mappings (a config's ``to_dict()``, a raw YAML, a summary) as ``{dotted key:
+    leaf}``; a key named in ``leaves`` keeps its mapping whole as one value."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{sep}{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and key not in leaves:
+            out.update(flatten(value, sep, leaves, path))
+        else:
+            out[path] = value
+    return out
+
+
+def digest(values: Any) -> str:
+    """sha256 of ``values`` as canonical JSON (sorted keys, anything else as its text): how
+    a checkpoint and a summary fingerprint a flattened config."""
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,9 +1,15 @@
 """Rank heatmap (paper Figure 3): final rank per layer (x) and matrix type (y).
 
 Module paths are parsed into (stack, layer index, matrix type), so one function serves
-DeBERTa/BERT (``encoder.layer.3.attention.self.query_proj``) and BART
+DeBERTa/BERT (``encoder.layer.3.attention.self.query_proj``), BART and T5
 (``model.decoder.layers.3.encoder_attn.q_proj``, drawn with encoder and decoder layers
-side by side and cross-attention as its own rows).
+side by side and cross-attention as its own rows) and the decoder-only families. A matrix
+type is named as the paper names it where the paper has it (W_q, W_k, W_v, W_o, W_f1 the
+FFN's up-projection, W_f2 its down-projection: Llama's o_proj is W_o, GPT-2's c_fc is
+W_f1); a matrix the paper has no name for keeps the model's own (Llama's gate_proj,
+GPT-2's fused c_attn). Rows read in the paper's order, W_q to W_f2, and every other matrix
+sits where the model has it (the order of the pattern's paths, which is the order of the
+model's modules): Llama's gate_proj after W_o; cross-attention after the rest.
 """
 
 from __future__ import annotations
@@ -13,17 +19,37 @@ import re
 from pathlib import Path
 from typing import BinaryIO
 
-# Paper-style labels for the matrix types; unknown suffixes are shown as they are.
-_LABELS = {
-    "query": "W_q", "query_proj": "W_q", "q_proj": "W_q",
-    "key": "W_k", "key_proj": "W_k", "k_proj": "W_k",
-    "value": "W_v", "value_proj": "W_v", "v_proj": "W_v",
-    "attention.output.dense": "W_o", "out_proj": "W_o",
-    "intermediate.dense": "W_f1", "fc1": "W_f1",
-    "output.dense": "W_f2", "fc2": "W_f2",
-}
+# The paper's names by the end of a module path, longest first (so BERT's
+# attention.output.dense is W_o before output.dense can make it W_f2); any other matrix is
+# shown by the last part of its path.
+_PAPER_NAMES = sorted({
+    "query": "W_q", "query_proj": "W_q", "q_proj": "W_q", "q_lin": "W_q", "attn.q": "W_q",
+    "SelfAttention.q": "W_q", "EncDecAttention.q": "W_q",
+    "key": "W_k", "key_proj": "W_k", "k_proj": "W_k", "k_lin": "W_k", "attn.k": "W_k",
+    "SelfAttention.k": "W_k", "EncDecAttention.k": "W_k",
+    "value": "W_v", "value_proj": "W_v", "v_proj": "W_v", "v_lin": "W_v", "attn.v": "W_v",
+    "SelfAttention.v": "W_v", "EncDecAttention.v": "W_v",
+    "attention.output.dense": "W_o", "out_proj": "W_o", "o_proj": "W_o", "out_lin": "W_o",
+    "attn.o": "W_o", "SelfAttention.o": "W_o", "EncDecAttention.o": "W_o",
+    "attn.c_proj": "W_o", "self_attn.dense": "W_o", "attention.dense": "W_o",
+    "intermediate.dense": "W_f1", "fc1": "W_f1", "up_proj": "W_f1", "lin1": "W_f1",
+    "c_fc": "W_f1", "dense_h_to_4h": "W_f1", "DenseReluDense.wi": "W_f1", "ffn": "W_f1",
+    "output.dense": "W_f2", "fc2": "W_f2", "down_proj": "W_f2", "lin2": "W_f2",
+    "mlp.c_proj": "W_f2", "dense_4h_to_h": "W_f2", "DenseReluDense.wo": "W_f2",
+    "ffn_output": "W_f2",
+}.items(), key=lambda kv: -len(kv[0]))
 _ORDER = ["W_q", "W_k", "W_v", "W_o", "W_f1", "W_f2"]
+_CROSS = ("encoder_attn.", "EncDecAttention.", "crossattention.")
 _LAYER = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.(.+)$")
+
+
+def matrix_name(rest: str) -> str:
+    """The paper's name of the matrix at ``rest`` (its path inside a layer), else the last
+    part of the path; cross-attention matrices get a ``cross`` prefix."""
+    cross = any(marker in f".{rest}" for marker in ("." + c for c in _CROSS))
+    name = next((paper for suffix, paper in _PAPER_NAMES
+                 if rest == suffix or rest.endswith("." + suffix)), rest.rsplit(".", 1)[-1])
+    return f"cross {name}" if cross else name
 
 
 def parse_module_path(path: str) -> tuple[str, int, str]:
@@ -34,34 +60,38 @@ def parse_module_path(path: str) -> tuple[str, int, str]:
         return "", -1, path
     layer, rest = int(match.group(1)), match.group(2)
     stack = "dec" if ".decoder." in f".{path}" else ("enc" if ".encoder." in f".{path}" else "")
-    prefix = ""
-    if rest.startswith("encoder_attn."):
-        prefix, rest = "cross ", rest[len("encoder_attn."):]
-    elif rest.startswith("self_attn."):
-        rest = rest[len("self_attn."):]
-    elif rest.startswith("attention.self."):
-        rest = rest[len("attention.self."):]
-    return stack, layer, prefix + _LABELS.get(rest, rest)
+    return stack, layer, matrix_name(rest)
 
 
 def rank_grid(pattern: dict[str, int]) -> tuple[list[str], list[str], list[list[float]]]:
-    """Rows (matrix types), columns (layers) and the grid of ranks (nan where absent)."""
+    """Rows (matrix types: see the module's docstring for their order), columns (layers)
+    and the grid of ranks (nan where absent)."""
     parsed = {path: parse_module_path(path) for path in pattern}
     is_seq2seq = any(stack == "dec" for stack, _, _ in parsed.values())
     col_keys = sorted({(stack != "dec", stack, layer) for stack, layer, _ in parsed.values()},
                       key=lambda k: (not k[0], k[2]))
     cols = [f"{s} {layer}" if is_seq2seq else str(layer) for _, s, layer in col_keys]
 
-    def row_order(label: str) -> tuple[int, int, str]:
-        base = label.removeprefix("cross ")
-        return (label.startswith("cross "), _ORDER.index(base) if base in _ORDER else 99, label)
-
-    rows = sorted({label for _, _, label in parsed.values()}, key=row_order)
+    rows = _row_order(list(dict.fromkeys(label for _, _, label in parsed.values())))
     grid = [[float("nan")] * len(cols) for _ in rows]
     col_index = {(s, layer): i for i, (_, s, layer) in enumerate(col_keys)}
     for path, (stack, layer, label) in parsed.items():
         grid[rows.index(label)][col_index[(stack, layer)]] = float(pattern[path])
     return rows, cols, grid
+
+
+def _row_order(seen: list[str]) -> list[str]:
+    """The paper's names in the paper's order; any other name right after the paper name
+    the model has before it (``seen``: labels in the model's order)."""
+    keys, last = {}, -1
+    for i, label in enumerate(seen):
+        base = label.removeprefix("cross ")
+        if base in _ORDER:
+            last = _ORDER.index(base)
+            keys[label] = (label.startswith("cross "), last, 0, i)
+        else:
+            keys[label] = (label.startswith("cross "), last, 1, i)
+    return sorted(seen, key=keys.__getitem__)
 
 
 def plot_rank_heatmap(pattern: dict[str, int], out: str | Path | BinaryIO,

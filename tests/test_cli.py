@@ -314,3 +314,25 @@ def test_a_huge_budget_is_refused_before_allocating(in_repo):
     assert result.exit_code == 2
     assert "adalora.init_rank=12500 exceeds the smallest adapted matrix dimension" in \
         one_error_line(result)
+
+
+@pytest.mark.parametrize("command", [["train"], ["train", "--dry-run"],
+                                     ["sweep", "--budget", "14", "--dry-run"]])
+@pytest.mark.parametrize("contents, fragment", [
+    # a folder holding one GGUF file loads that file (tasks/gguf.py): here, not a model
+    ({"model.gguf": b"GGUF"}, "model.gguf as a model ("),
+    ({"README.md": b"notes"}, "has no config.json; set model.name_or_path to a checkpoint"),
+])
+def test_a_model_folder_without_config_json_is_one_line(in_repo, tmp_path, command,
+                                                        contents, fragment):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name, data in contents.items():
+        (folder / name).write_bytes(data)
+    where = ["--run-dir", str(tmp_path / "run")] if command == ["train"] else (
+        ["--sweep-dir", str(tmp_path / "sweep")] if command[0] == "sweep" else [])
+    result = run_cli(command[0], "configs/smoke/causal_lm.yaml",
+                     f"model.name_or_path={folder}", *command[1:], *where)
+    assert result.exit_code == 2
+    assert fragment in one_error_line(result)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()

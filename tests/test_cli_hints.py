@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from adalora_cli.cli import app
 from adalora_cli.config import RunConfig
 from adalora_cli.rundir.run import RunDir
+from adalora_cli.rundir.summary import Summary
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = "configs/smoke/glue.yaml"
@@ -46,7 +47,7 @@ def _train_into(out: Path):
 def test_a_finished_run_is_not_offered_resume(tmp_path, in_repo):
     out = tmp_path / "done"
     run = RunDir.create(out, RunConfig())
-    run.finish({"total_steps": 1})
+    run.finish(Summary(task="rte", method="lora", total_steps=1))
     line = _error(_train_into(out))
     assert "already exists and holds a finished run; choose another --run-dir" in line
     assert "--resume" not in line

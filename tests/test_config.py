@@ -101,3 +101,49 @@ def test_bad_values_give_one_line_errors(override, fragment):
         load_config(ROOT / "configs" / "glue" / "rte.yaml", [override])
     assert fragment in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_each_section_checks_itself_however_it_is_made():
+    """The checks live in each section's __post_init__: a section made in code, or changed
+    with dataclasses.replace, is refused like a loaded one."""
+    import dataclasses
+
+    from adalora_cli.config import AdaLoRAConfig, LogConfig, LoRAConfig, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"^lora.r must be >= 1, got 0$"):
+        LoRAConfig(r=0)
+    with pytest.raises(ConfigError, match=r"train.length_split must lie between 1 and "
+                                          r"train.batch_size \(32\), got 64"):
+        dataclasses.replace(TrainConfig(), length_split=64)
+    with pytest.raises(ConfigError, match=r"^adalora.alpha must be a finite number, got nan$"):
+        AdaLoRAConfig(alpha=float("nan"))
+    with pytest.raises(ConfigError, match="log.to names a tracker twice"):
+        LogConfig(to=["wandb", "wandb"])
+    assert TrainConfig(batch_size=4, length_split=4).length_split == 4  # the edge is allowed
+
+
+def test_target_rank_states_the_budget_as_a_mean_rank():
+    """adalora.target_rank: b(T) = round(target_rank * n) for the model's n matrices; a
+    config may set it or adalora.budget, not both (an override of one on a config with the
+    other is refused, naming both and the null that resolves it)."""
+    from adalora_cli.config import AdaLoRAConfig
+
+    assert AdaLoRAConfig(target_rank=8).final_budget(112) == 896  # Llama 3.2 1B: 16 x 7
+    assert AdaLoRAConfig(target_rank=8).final_budget(182) == 1456  # Gemma 2 2B: 26 x 7
+    assert AdaLoRAConfig(target_rank=1.5).final_budget(5) == 8  # 7.5 rounds half up
+    assert AdaLoRAConfig(budget=50).final_budget(112) == 50  # without it: budget as given
+    resolved = AdaLoRAConfig(target_rank=2).resolved(14)
+    assert (resolved.budget, resolved.target_rank) == (28, None)
+    smoke = ROOT / "configs" / "smoke" / "causal_lm.yaml"  # target_rank: 2
+    # the command line wins: a budget override replaces the file's target_rank, and back
+    assert load_config(smoke, ["adalora.budget=20"]).adalora.final_budget(14) == 20
+    glue = ROOT / "configs" / "smoke" / "glue.yaml"  # budget: 16
+    assert load_config(glue, ["adalora.target_rank=3"]).adalora.final_budget(12) == 36
+    with pytest.raises(ConfigError) as info:  # both in one place: which was meant?
+        load_config(smoke, ["adalora.budget=28", "adalora.target_rank=2"])
+    assert str(info.value) == ("adalora.budget and adalora.target_rank are both set; keep "
+                               "one (adalora.budget=null or adalora.target_rank=null)")
+    with pytest.raises(ConfigError, match="target_rank must be > 0"):
+        AdaLoRAConfig(target_rank=0)
+    with pytest.raises(ConfigError, match="adalora.budget is null but adalora.target_rank"):
+        AdaLoRAConfig(budget=None)

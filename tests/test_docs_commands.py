@@ -15,6 +15,8 @@ fails here, while placeholders such as ``RUN_DIR`` or ``$task`` cost nothing. On
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 import re
 import shlex
@@ -255,3 +257,140 @@ def test_paths_named_in_the_docs_exist():
         if not target.exists() or (anchor and anchor not in anchors(target)):
             missing.append((doc, named_path))
     assert missing == []
+
+
+# ---------------------------------------------------------------------------- claims the
+# code can check: file names, the lists of methods and tasks, the config keys, and the
+# add-a-method / add-a-task checklists
+
+def _section(doc: Path, heading: str) -> str:
+    """The text of one ``## heading`` section (up to the next heading of that level)."""
+    text = doc.read_text(encoding="utf-8")
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("|") and "---" not in line]
+
+
+def test_the_run_directory_table_names_the_layouts_files():
+    """docs/run-directory.md's table and rundir/layout.py name the same files: every file
+    of the table is a layout name, and every layout name of a run directory is in the
+    table (but the lock, the sweep's launch claim and a checkpoint's two files, which the
+    prose describes); the sweep's names are in docs/sweeps.md."""
+    from adalora_cli.rundir import layout
+
+    names = {v for k, v in vars(layout).items() if k.isupper() and isinstance(v, str)}
+    rows = _table_rows(_section(ROOT / "docs" / "run-directory.md", "Files"))[1:]
+    documented = {re.split(r"[/<]", name)[0]
+                  for row in rows for name in re.findall(r"`([^`]+)`", row[0])}
+    assert documented <= names, documented - names
+    hidden = {layout.LOCK, layout.LAUNCH, layout.CHECKPOINT_TENSORS, layout.CHECKPOINT_STATE}
+    run_files = names - set(layout.SWEEP_FILES) - hidden
+    assert run_files <= documented, run_files - documented
+    sweeps = (ROOT / "docs" / "sweeps.md").read_text(encoding="utf-8")
+    assert all(f"`{n}" in sweeps for n in layout.SWEEP_FILES), layout.SWEEP_FILES
+    prose = (ROOT / "docs" / "run-directory.md").read_text(encoding="utf-8")
+    assert all(n in prose for n in hidden)
+
+
+def test_method_lists_come_from_the_registry():
+    from adalora_cli.config import MethodConfig
+    from adalora_cli.methods.registry import METHODS
+
+    readme = _table_rows(_section(ROOT / "README.md", "Methods"))
+    assert {row[0].strip("`") for row in readme[1:len(METHODS) + 1]} == set(METHODS)
+    keys = _section(ROOT / "docs" / "training.md", "Config keys")
+    (named,) = re.findall(r"`name` \(([a-z ]+)\), `target_modules`", keys)
+    assert sorted(named.split()) == sorted(METHODS)
+    name_doc = inspect.getsource(MethodConfig).split("target_modules")[0]  # method.name's
+    assert [m for m in METHODS if m not in name_doc] == []
+
+
+def test_task_lists_come_from_the_task_registry():
+    from adalora_cli.tasks import TASKS
+
+    keys = _section(ROOT / "docs" / "training.md", "Config keys")
+    (row,) = [r for r in _table_rows(keys) if r[0] == "`task`"]
+    listed = re.search(r"`name` \(([^)]*)\)", row[1]).group(1)
+    assert set(TASKS) <= set(re.findall(r"[a-z0-9_]+", listed)), listed
+    tasks = _section(ROOT / "docs" / "training.md", "Tasks")
+    assert [t for t in TASKS if t not in tasks] == []
+    smoke = {p.stem for p in (ROOT / "configs" / "smoke").glob("*.yaml")}
+    listed = tasks.split("smoke config on tiny local models in `configs/smoke/`")[1]
+    assert smoke == set(re.findall(r"`(\w+)`", listed.split(": seconds")[0]))
+    config_source = inspect.getsource(load_config.__globals__["TaskConfig"])
+    assert [t for t in TASKS if t not in config_source.split("dataset:")[0]] == []
+
+
+def test_the_config_keys_table_has_every_key():
+    from adalora_cli.config import RunConfig
+
+    rows = {r[0].strip("`"): r[1] for r in
+            _table_rows(_section(ROOT / "docs" / "training.md", "Config keys"))[1:]}
+    defaults = RunConfig()
+    for section in dataclasses.fields(RunConfig):
+        names = [f.name for f in dataclasses.fields(getattr(defaults, section.name))]
+        missing = [n for n in names if f"`{n}`" not in rows.get(section.name, "")]
+        assert missing == [], (section.name, missing)
+
+
+def _checklist_paths(heading: str) -> set[str]:
+    text = _section(ROOT / "CONTRIBUTING.md", heading)
+    text = text[text.index("\n1. "):]  # the numbered steps
+    return {p.split("#")[0] for p in re.findall(r"`((?:adalora_cli|tests|configs)/[^`\s]*)`",
+                                                 text)}
+
+
+def _repo_file(obj) -> str:
+    return str(Path(inspect.getsourcefile(obj)).resolve().relative_to(ROOT))
+
+
+def test_the_add_a_method_checklist_names_exactly_the_files_the_code_needs():
+    """The code files it names are the method's module plus the files a method must be
+    written into: the layer base, the config sections, the registry and the PEFT writers;
+    and the code holds the promises: a section checks itself, a PEFT writer is keyed by
+    one of our layer classes, the README has a row."""
+    from adalora_cli.artifacts.peft import WRITERS, pick_writer
+    from adalora_cli.config import RunConfig
+    from adalora_cli.methods.base import LinearWrapper
+    from adalora_cli.methods.registry import METHODS
+
+    needed = {_repo_file(LinearWrapper), _repo_file(RunConfig),
+              _repo_file(METHODS["lora"].size_label), _repo_file(pick_writer),
+              "adalora_cli/methods/<name>.py", "tests/methods/"}
+    assert _checklist_paths("Adding a method") == needed
+    readme = _section(ROOT / "README.md", "Methods")
+    for name, spec in METHODS.items():
+        if spec.section:
+            section = type(getattr(RunConfig(), spec.section))
+            assert "__post_init__" in vars(section), (name, spec.section)
+        assert f"| `{name}` |" in readme, name
+    assert all(issubclass(layer, LinearWrapper) for layer in WRITERS)
+
+
+def test_the_add_a_task_checklist_names_exactly_the_files_the_code_needs():
+    """The code files it names are the family's module plus the files a family must be
+    written into: the Task base, the registration, the report columns, its smoke config
+    and the family test's prediction rows; and every family has the last three."""
+    from adalora_cli import tasks
+    from adalora_cli.tasks.base import Task
+    from adalora_cli.tasks.columns import REPORTS, task_report
+    from tests.test_families import PREDICT_INPUT
+    from tests.test_families import (
+        test_every_family_has_a_smoke_config_and_is_a_task as test_every_family_is_named,
+    )
+
+    assert "causal_lm" in REPORTS  # the table the checklist's step 3 names
+    needed = {_repo_file(Task), _repo_file(tasks.get_task), _repo_file(task_report),
+              _repo_file(test_every_family_is_named), "adalora_cli/tasks/<family>.py",
+              "configs/<family>/<task>.yaml", "configs/smoke/<family>.yaml",
+              "tests/fixtures/", "tests/tasks/"}
+    assert _checklist_paths("Adding a task") == needed
+    for target in tasks.FAMILIES:
+        family = target.split(":")[0]
+        assert (ROOT / "configs" / "smoke" / f"{family}.yaml").is_file(), family
+        assert family in PREDICT_INPUT, family

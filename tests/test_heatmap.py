@@ -18,6 +18,22 @@ from adalora_cli.heatmap import parse_module_path, plot_rank_heatmap, rank_grid
     ("model.decoder.layers.2.encoder_attn.k_proj", ("dec", 2, "cross W_k")),
     ("model.decoder.layers.2.self_attn.out_proj", ("dec", 2, "W_o")),
     ("model.encoder.layers.7.fc2", ("enc", 7, "W_f2")),
+    # decoder-only families: the paper's names where the paper has the matrix
+    ("model.layers.3.self_attn.o_proj", ("", 3, "W_o")),
+    ("model.layers.3.mlp.up_proj", ("", 3, "W_f1")),
+    ("model.layers.3.mlp.down_proj", ("", 3, "W_f2")),
+    ("model.layers.3.mlp.gate_proj", ("", 3, "gate_proj")),  # no paper name: its own
+    ("transformer.h.1.attn.c_attn", ("", 1, "c_attn")),
+    ("transformer.h.1.attn.c_proj", ("", 1, "W_o")),
+    ("transformer.h.1.mlp.c_fc", ("", 1, "W_f1")),
+    ("transformer.h.1.mlp.c_proj", ("", 1, "W_f2")),
+    ("gpt_neox.layers.0.attention.dense", ("", 0, "W_o")),
+    ("gpt_neox.layers.0.mlp.dense_4h_to_h", ("", 0, "W_f2")),
+    ("model.layers.0.self_attn.dense", ("", 0, "W_o")),  # phi
+    # T5: sub-layers inside a block, cross-attention by its own name
+    ("encoder.block.2.layer.0.SelfAttention.q", ("enc", 2, "W_q")),
+    ("decoder.block.2.layer.1.EncDecAttention.o", ("dec", 2, "cross W_o")),
+    ("decoder.block.2.layer.2.DenseReluDense.wi", ("dec", 2, "W_f1")),
 ])
 def test_parse_module_path(path, expected):
     assert parse_module_path(path) == expected
@@ -31,6 +47,24 @@ def test_grid_places_every_rank_once():
     assert rows == ["W_q", "W_f2"] and cols == ["0", "1"]
     assert grid[0] == [3.0, 1.0]
     assert math.isnan(grid[1][0]) and grid[1][1] == 0.0
+
+
+def test_rows_read_in_the_papers_order_with_other_matrices_where_the_model_has_them():
+    # Llama 2 layers, in the model's module order: gate_proj sits between W_o and W_f1
+    llama = {f"model.layers.{i}.{m}": 1 for i in range(2) for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    assert rank_grid(llama)[0] == ["W_q", "W_k", "W_v", "W_o", "gate_proj", "W_f1", "W_f2"]
+    # BART declares k before q; the rows still read W_q, W_k, W_v, cross-attention last
+    bart = {f"model.decoder.layers.0.{m}": 1 for m in (
+        "self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj", "self_attn.out_proj",
+        "encoder_attn.k_proj", "encoder_attn.v_proj", "encoder_attn.q_proj",
+        "encoder_attn.out_proj", "fc1", "fc2")}
+    assert rank_grid(bart)[0] == ["W_q", "W_k", "W_v", "W_o", "W_f1", "W_f2", "cross W_q",
+                                  "cross W_k", "cross W_v", "cross W_o"]
+    gpt2 = {f"transformer.h.0.{m}": 1 for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                                 "mlp.c_proj")}
+    assert rank_grid(gpt2)[0] == ["c_attn", "W_o", "W_f1", "W_f2"]
 
 
 def test_seq2seq_columns_encoder_then_decoder():

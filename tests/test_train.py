@@ -56,3 +56,48 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path, in_repo):
     assert [r["lr"] for r in rows[:3]] == pytest.approx([0.0025, 0.005, 0.005 * 14 / 14])
     assert rows[8]["lr"] == pytest.approx(0.005 * (16 - 8) / 14)
     assert rows[-1]["lr"] == pytest.approx(0.005 * 1 / 14)
+
+
+def test_eval_at_start_scores_the_pretrained_model_and_scores_print_as_they_come(
+        tmp_path, in_repo):
+    """train.eval_at_start evaluates before step 1: every method starts as the identity
+    (LoRA's B = 0), so the scores are those of the pretrained model with its fresh head,
+    computed here with plain transformers calls. Scores of evaluations before the end
+    print as they come; the end prints what the run cost and trained."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from adalora_cli.config import load_config
+    from adalora_cli.engine.build import seed_everything
+    from adalora_cli.tasks import get_task
+
+    out = tmp_path / "run"
+    args = ["method.name=lora", "train.max_steps=4", "train.eval_every=2",
+            "train.eval_at_start=true"]
+    result = CliRunner().invoke(app, ["train", "configs/smoke/glue.yaml", *args,
+                                      "--run-dir", str(out)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    evals = [r for r in read_metrics(out) if "split" in r]
+    assert [r["step"] for r in evals] == [0, 2, 4]
+
+    cfg = load_config("configs/smoke/glue.yaml", args)
+    seed_everything(cfg.train.seed)  # the head is drawn as the run drew it
+    model, _ = get_task(cfg).build_model()
+    tok = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
+    rows = [json.loads(line) for line in
+            Path("tests/fixtures/glue/sst2/validation.jsonl").read_text().splitlines()]
+    model.eval()
+    with torch.no_grad():
+        right = sum(int(model(**tok(r["sentence"], return_tensors="pt")).logits.argmax())
+                    == r["label"] for r in rows)
+    assert evals[0]["accuracy"] == pytest.approx(right / len(rows))
+
+    lines = result.output.splitlines()
+    assert f"step 0/4  validation: accuracy {evals[0]['accuracy']:.4f}" in lines
+    assert f"step 2/4  validation: accuracy {evals[1]['accuracy']:.4f}" in lines
+    assert not any(line.startswith("step 4/4  validation") for line in lines)  # printed last
+    summary = json.loads((out / "summary.json").read_text())
+    end = next(line for line in lines if line.startswith("4 steps in "))
+    assert (f"trained {summary['trainable_params']:,} parameters "
+            f"({summary['adapter_params']:,} adapter + {summary['head_params']:,} head)") in end
+    assert "peak memory" in end

@@ -17,7 +17,6 @@ dequantized base folder written once into the cache (:mod:`.gguf_base`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -25,21 +24,30 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from ..errors import first_line, writing
 from ..rundir.layout import SUMMARY
 from ..rundir.run import RunDir, follow_umask, is_finished
+from ..rundir.summary import Summary, read_summary
 
 FORMATS = ("peft", "merged")
 
-def check_run(run_dir: Path) -> dict[str, Any]:
+def check_run(run_dir: Path) -> Summary:
     """The summary of a finished run; anything else is a one-line ConfigError."""
     if not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} does not exist; pass a folder written "
                           "by `adalora train`")
     if not is_finished(run_dir):
         status = (RunDir.read_status(run_dir) or {}).get("status", "unknown")
+        if status == "finished":  # the status says so, but the summary is gone
+            raise ConfigError(f"{run_dir} says it finished but has no {SUMMARY} (deleted or "
+                              "moved?); restore it, or train the run again")
         raise ConfigError(f"{run_dir} is not a finished run (status: {status}); wait for it "
                           "to finish or train it again")
-    return json.loads((run_dir / SUMMARY).read_text())
+    try:
+        return read_summary(run_dir)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{run_dir / SUMMARY} cannot be read ({first_line(err)}); restore "
+                          "it, or train the run again") from None
 
 
 def check_destination(out: Path) -> None:
@@ -53,7 +61,8 @@ def write_atomically(out: Path, write: Callable[[Path], dict[str, Any]]) -> dict
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        info = write(tmp)
+        with writing(out, written_as=tmp):  # a full disk names the export, not tmp
+            info = write(tmp)
         follow_umask(tmp)  # mkdtemp makes it 0700 and safetensors its files 0600
         check_destination(out)  # someone may have created it meanwhile
         tmp.rename(out)
@@ -72,7 +81,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path,
         raise ConfigError(f"unknown export format {fmt!r}; use --format peft or --format merged")
     summary = check_run(run_dir)
     check_destination(out)
-    method = summary.get("method")
+    method = summary.method
     if fmt == "peft":
         from .peft import check_peft_method, write_peft
 

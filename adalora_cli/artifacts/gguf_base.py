@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
-from ..rundir.layout import SUMMARY
 from ..rundir.run import follow_umask
+from ..rundir.summary import read_summary
 from ..tasks import gguf
 from ..tasks.pretrained import from_pretrained, load_config, load_tokenizer
 
@@ -46,10 +46,9 @@ def cache_root() -> Path:
 def recorded(run_dir: Path) -> dict[str, Any] | None:
     """The GGUF base a finished run recorded, or None (another base, or no summary)."""
     try:
-        summary = json.loads((Path(run_dir) / SUMMARY).read_text())
+        base = read_summary(run_dir).export.base_gguf
     except (OSError, ValueError):
         return None
-    base = (summary.get("export") or {}).get("base_gguf")
     return base if isinstance(base, dict) and base.get("sha256") else None
 
 

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from ..config import ConfigError, RunConfig, load_config
 from ..engine.build import load_model, resolve_resources, seed_everything
+from ..errors import first_line
 from ..methods import apply_method
 from ..methods.registry import method_spec
 from ..rundir.layout import CONFIG, FULL_MODEL, WEIGHTS
@@ -54,7 +55,12 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     model, tokenizer = load_model(task, cfg)
     if not whole:
         apply_method(model, cfg, None)
-        state = load_file(str(run_dir / WEIGHTS))
+        try:
+            state = load_file(str(run_dir / WEIGHTS))
+        except Exception as err:  # noqa: BLE001 - safetensors' own error type: a damaged file
+            raise ConfigError(f"{run_dir / WEIGHTS} cannot be read ({first_line(err)}): it is "
+                              "damaged or truncated; restore it, or train the run again"
+                              ) from None
         missing = set(state) - {name for name, _ in model.named_parameters()}
         if missing:
             raise ValueError(f"{run_dir / WEIGHTS} holds tensors the rebuilt model lacks: "

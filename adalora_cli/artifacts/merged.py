@@ -19,6 +19,7 @@ from torch import nn
 from ..config import ConfigError, RunConfig
 from ..methods.base import LinearWrapper, adapter_modules
 from ..methods.registry import METHODS
+from ..rundir.summary import Summary
 
 MERGEABLE = tuple(name for name, spec in METHODS.items() if spec.mergeable)
 
@@ -49,7 +50,7 @@ def merge_into_base(model: nn.Module) -> int:
 
 
 def write_merged(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
-                 summary: dict[str, Any], out: Path) -> dict[str, Any]:
+                 summary: Summary, out: Path) -> dict[str, Any]:
     """Merge in place and ``save_pretrained`` the model and its tokenizer into ``out``."""
     n = merge_into_base(model)
     for p in model.parameters():

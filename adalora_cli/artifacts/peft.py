@@ -18,11 +18,17 @@ dependency). The mapping onto PEFT's names and conventions:
   :func:`fan_in_fan_out`).
 - The task head travels as PEFT's ``modules_to_save``; the task type tells PEFT which
   wrapper to build (none for QA models that use segment ids, see :func:`peft_task_type`).
+- A local base model is recorded by its absolute path, so the adapter loads from any
+  working directory.
+
+A method without a PEFT type is refused before the run's model is loaded; each kind of
+adapted layer has its writer in :data:`WRITERS`, and a layer without one is refused.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +41,9 @@ from ..engine.outputs import head_modules
 from ..methods.adalora import SVDLinear
 from ..methods.base import adapter_modules
 from ..methods.lora import LoRALinear
-from ..methods.registry import METHODS, method_spec
+from ..methods.registry import METHODS
 from ..rundir.layout import ALLOCATOR_STATE
+from ..rundir.summary import Summary
 from ..tasks.pretrained import load_config
 
 CONFIG_FILE = "adapter_config.json"
@@ -53,6 +60,8 @@ _TASK_TYPES = (("ForSequenceClassification", "SEQ_CLS"), ("ForQuestionAnswering"
 
 
 def check_peft_method(method: str | None) -> None:
+    """A method without a PEFT type (the registry's ``peft_type``) is refused in one line,
+    before the run's model is loaded."""
     spec = METHODS.get(method or "")
     if spec is not None and spec.peft_type is not None:
         return
@@ -125,12 +134,18 @@ def fan_in_fan_out(layers: list[tuple[str, nn.Module]]) -> bool:
     return any(layer.fan_in_fan_out for _, layer in layers)
 
 
-def base_config(cfg: RunConfig, model: nn.Module, summary: dict[str, Any], heads: list[str],
+def base_path(name: str) -> str:
+    """A local base model as an absolute path (PEFT resolves a relative one against the
+    loader's working directory); a hub id as it is."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.is_dir() else name
+
+
+def base_config(cfg: RunConfig, model: nn.Module, summary: Summary, heads: list[str],
                 targets: list[str], transposed: bool = False) -> dict[str, Any]:
-    facts = summary.get("export", {})
     return {
-        "base_model_name_or_path": cfg.model.name_or_path,
-        "revision": facts.get("revision"),
+        "base_model_name_or_path": base_path(cfg.model.name_or_path),
+        "revision": summary.export.revision,
         "task_type": peft_task_type(model),
         "inference_mode": True,
         "target_modules": targets,  # full module paths: PEFT matches them exactly
@@ -141,7 +156,7 @@ def base_config(cfg: RunConfig, model: nn.Module, summary: dict[str, Any], heads
     }
 
 
-def adalora_config(cfg: RunConfig, summary: dict[str, Any], n: int,
+def adalora_config(cfg: RunConfig, summary: Summary, n: int,
                    pattern: dict[str, list[bool]]) -> dict[str, Any]:
     a = cfg.adalora
     return {
@@ -149,7 +164,7 @@ def adalora_config(cfg: RunConfig, summary: dict[str, Any], n: int,
         "lora_alpha": a.alpha, "lora_dropout": a.dropout, "rank_pattern": pattern,
         "tinit": a.t_init, "tfinal": a.t_final, "deltaT": a.delta_t, "beta1": a.beta1,
         "beta2": a.beta2, "orth_reg_weight": a.gamma,
-        "total_step": summary.get("total_steps") or a.t_init + a.t_final + 1,
+        "total_step": summary.total_steps or a.t_init + a.t_final + 1,
     }
 
 
@@ -165,23 +180,54 @@ def check_base_rebuilds(cfg: RunConfig, model: nn.Module) -> None:
                           "use --format merged")
 
 
+Layers = list[tuple[str, nn.Module]]
+Tensors = dict[str, torch.Tensor]
+Writer = Callable[[Path, RunConfig, Summary, Layers], tuple[Tensors, dict[str, Any]]]
+"""``(run_dir, cfg, summary, layers) -> (PEFT tensors of the adapter, adapter_config.json
+entries)``: how one kind of adapted layer goes over to PEFT."""
+
+
+def _adalora_writer(run_dir: Path, cfg: RunConfig, summary: Summary,
+                    layers: Layers) -> tuple[Tensors, dict[str, Any]]:
+    tensors, pattern = adalora_tensors(layers, kept_triplets(run_dir, layers))
+    return tensors, adalora_config(cfg, summary, len(layers), pattern)
+
+
+def _lora_writer(run_dir: Path, cfg: RunConfig, summary: Summary,
+                 layers: Layers) -> tuple[Tensors, dict[str, Any]]:
+    lo = cfg.lora
+    return lora_tensors(layers), {"peft_type": "LORA", "r": lo.r, "lora_alpha": lo.alpha,
+                                  "lora_dropout": lo.dropout}
+
+
+WRITERS: dict[type[nn.Module], Writer] = {SVDLinear: _adalora_writer, LoRALinear: _lora_writer}
+"""Adapted-layer type -> its PEFT writer. A run whose layers have no entry is refused, never
+written as something else."""
+
+
+def pick_writer(layers: Layers) -> Writer:
+    """The writer of the run's one layer type; a one-line ConfigError otherwise."""
+    kinds = {type(m) for _, m in layers}
+    if len(kinds) != 1 or next(iter(kinds)) not in WRITERS:
+        names = ", ".join(sorted(k.__name__ for k in kinds)) or "no adapted layer"
+        raise ConfigError(f"the run's adapted layers ({names}) have no PEFT format; use "
+                          "--format merged")
+    return WRITERS[next(iter(kinds))]
+
+
 def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
-               summary: dict[str, Any], out: Path) -> dict[str, Any]:
+               summary: Summary, out: Path) -> dict[str, Any]:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out``."""
+    check_peft_method(cfg.method.name)
     check_base_rebuilds(cfg, model)
-    layers = [(p, m) for p, m in adapter_modules(model) if isinstance(m, SVDLinear | LoRALinear)]
+    layers = adapter_modules(model)
+    writer = pick_writer(layers)
     heads = head_modules(model)
     targets = [path for path, _ in layers]
     config = base_config(cfg, model, summary, heads, targets, fan_in_fan_out(layers))
     r0_params = sum(p.numel() for _, m in layers for p in m.adapter_parameters())
-    if method_spec(cfg.method.name).peft_type == "ADALORA":
-        tensors, pattern = adalora_tensors(layers, kept_triplets(run_dir, layers))
-        config.update(adalora_config(cfg, summary, len(layers), pattern))
-    else:
-        lo = cfg.lora
-        tensors = lora_tensors(layers)
-        config.update({"peft_type": "LORA", "r": lo.r, "lora_alpha": lo.alpha,
-                       "lora_dropout": lo.dropout})
+    tensors, entries = writer(run_dir, cfg, summary, layers)
+    config.update(entries)
     adapter_params = sum(t.numel() for t in tensors.values())
     tensors.update(head_tensors(model, heads))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_FILE),
@@ -190,4 +236,5 @@ def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
     return {"adapter_params": adapter_params, "adapter_params_at_r0": r0_params,
             "head_params": sum(t.numel() for k, t in tensors.items()
                                if k.removeprefix(PREFIX).split(".", 1)[0] in heads),
-            "bytes": (out / WEIGHTS_FILE).stat().st_size, "task_type": config["task_type"]}
+            "bytes": (out / WEIGHTS_FILE).stat().st_size, "task_type": config["task_type"],
+            "peft_type": config["peft_type"]}

@@ -87,6 +87,7 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None,
             name: str | None = None, quiet: bool = False) -> Path:
     """Evaluate a finished run; returns the path of ``eval/<name>.json``."""
     from ..engine.build import autocast_factory, pick_device
+    from ..errors import warning
     from ..tasks import get_task
     from .load import load_run
 
@@ -99,6 +100,8 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None,
     task = get_task(cfg)
     model, tokenizer, _ = load_run(run_dir, str(device))
     data = task.load_data(tokenizer)
+    for line in data.notes:  # e.g. rows left out of the scored split
+        warning(line)
     autocast, _ = autocast_factory(cfg.train.precision, device)
     metrics: dict[str, dict[str, float]] = {}
     for split, dataset in data.eval_splits.items():
@@ -114,10 +117,10 @@ def _write_result(run_dir: Path, label: str, overrides: list[str],
                   metrics: dict[str, dict[str, float]], info: dict[str, Any], task) -> Path:
     folder = run_dir / EVAL_DIR
     folder.mkdir(exist_ok=True)
-    written = []
-    if hasattr(task, "save_predictions"):  # SQuAD answers, summaries: beside the scores
-        (folder / label).mkdir(exist_ok=True)
-        written = [str(p.relative_to(run_dir)) for p in task.save_predictions(folder / label)]
+    (folder / label).mkdir(exist_ok=True)  # SQuAD answers, summaries: beside the scores
+    written = [str(p.relative_to(run_dir)) for p in task.save_predictions(folder / label)]
+    if not any((folder / label).iterdir()):
+        (folder / label).rmdir()  # a task without predictions leaves no empty folder
     data = {k: v for k, v in info.items() if not k.startswith("train_")}
     result = {"name": label, "overrides": overrides, "metrics": metrics, "data": data,
               "predictions": written,

@@ -13,7 +13,6 @@ that turns an exception into one ``error:`` line and the documented exit code.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,16 +28,23 @@ from ..errors import (
     EXIT_PREEMPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    Preempted,
+    RankDied,
+    RunBusy,
+    SweepStopped,
+    WriteFailed,
     describe,
 )
 
 
 def out() -> Console:  # made per call so redirected or captured streams are honoured
-    return Console()
+    # soft_wrap: a line longer than the (80-column, off a terminal) width is never broken,
+    # so a log never splits "accuracy 0.4375" across two lines
+    return Console(soft_wrap=True)
 
 
 def err() -> Console:
-    return Console(stderr=True)
+    return Console(stderr=True, soft_wrap=True)
 
 
 def rank0() -> bool:
@@ -64,10 +70,6 @@ def note(text: str) -> None:
         err().print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)
 
 
-def warning(text: str) -> None:
-    err().print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
-
-
 def fail(message: str, code: int) -> None:
     # escape: a message may quote config text such as log.to=[wandb], not Rich markup
     if rank0():  # under torchrun one line, not one per rank
@@ -77,14 +79,6 @@ def fail(message: str, code: int) -> None:
 
 def _debug() -> bool:
     return os.environ.get("ADALORA_DEBUG", "") not in ("", "0")
-
-
-def _raised(error: BaseException, module: str, name: str) -> bool:
-    """``isinstance(error, module.name)`` without importing ``module``: an exception of a
-    class can only exist once its module is loaded, and importing the engine just to look
-    would load torch into ``adalora report`` and ``--help``."""
-    cls = getattr(sys.modules.get(module), name, None)
-    return cls is not None and isinstance(error, cls)
 
 
 def os_error(error: OSError) -> str:
@@ -100,19 +94,26 @@ def explain(error: BaseException, interrupted: str, os_errors: bool) -> tuple[st
         return (interrupted_run(where) if where else interrupted), EXIT_INTERRUPTED
     if isinstance(error, ConfigError):
         return str(error), EXIT_USAGE
-    if _raised(error, "adalora_cli.rundir.run", "RunBusy"):
+    if isinstance(error, RunBusy):
         return f"{error}; wait for it, or stop that process first", EXIT_BUSY
-    if _raised(error, "adalora_cli.engine.signals", "Preempted"):
+    if isinstance(error, Preempted):
         return (f"{error}" if where else f"{error} before the run started; nothing was "
                 "written"), EXIT_PREEMPTED
-    if _raised(error, "adalora_cli.sweep.local", "SweepStopped"):
+    if isinstance(error, SweepStopped):
         return ("stopped by SIGTERM; running runs were checkpointed and are resumed when "
                 "the sweep is started again"), EXIT_TERMINATED
+    if isinstance(error, WriteFailed):  # a full disk: the line names the file and the fix
+        return f"{error.strerror}{suffix_of(where)}", EXIT_FAILED
+    if isinstance(error, RankDied):  # says what to do
+        return f"{error}{suffix_of(where)}", EXIT_FAILED
     if os_errors and isinstance(error, OSError):
         return os_error(error), EXIT_FAILED
-    suffix = f" (run directory marked failed: {where})" if where else ""
-    return (f"{describe(error)}{suffix}; rerun with ADALORA_DEBUG=1 for the traceback",
-            EXIT_FAILED)
+    return (f"{describe(error)}{suffix_of(where)}; rerun with ADALORA_DEBUG=1 for the "
+            "traceback", EXIT_FAILED)
+
+
+def suffix_of(where) -> str:
+    return f" (run directory marked failed: {where})" if where else ""
 
 
 def interrupted_run(where) -> str:

@@ -23,6 +23,7 @@ def eval_run(
 
     Writes eval/<name>.json in the run directory; the training results stay as they were."""
     from ..artifacts.rescore import rescore
+    from ..tasks.columns import metrics_line
 
     quiet_libraries()
     with boundary():
@@ -30,6 +31,5 @@ def eval_run(
     result = json.loads(path.read_text())
     console = out()
     for split, metrics in result["metrics"].items():
-        shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        console.print(f"{split}: {shown}", highlight=False)
+        console.print(f"{split}: {metrics_line(metrics)}", highlight=False)
     console.print(f"wrote {path}", highlight=False, soft_wrap=True)

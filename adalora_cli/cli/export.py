@@ -30,6 +30,10 @@ def export(
         console.print(f"PEFT {info['task_type'] or ''} adapter: {kept:,} adapter params{of_r0}, "
                       f"{info['head_params']:,} head params, {info['bytes']:,} bytes",
                       highlight=False, soft_wrap=True)
+        if info.get("peft_type") == "ADALORA":
+            console.print("note: loading it, PEFT warns that its rank_pattern keys match no "
+                          "module (as for its own AdaLoRA adapters; the ranks are applied): "
+                          "docs/using-a-run.md says why and how to quiet it", highlight=False)
     else:
         console.print(f"merged {info['merged_matrices']} matrices into a "
                       f"{info['model_class']}: {info['bytes']:,} bytes", highlight=False,

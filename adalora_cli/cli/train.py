@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from .boundary import boundary, note, out, quiet_libraries, rank0
+
+if TYPE_CHECKING:
+    from ..engine.dryrun import DryRun, FinalBudget
+    from ..rundir.summary import Summary
 
 
 def train(
@@ -55,44 +60,65 @@ def train(
         print_result(outcome.run_dir)
 
 
-def print_dry_run(result: dict) -> None:
+def print_dry_run(result: DryRun) -> None:
     table = Table(title="adapter modules", show_lines=False)
     table.add_column("module", overflow="fold")
     table.add_column("kind")
     table.add_column("adapter params", justify="right")
     table.add_column("trainable", justify="right")
-    for row in result["table"]:
-        table.add_row(row["module"], row["kind"], f"{row['adapter_params']:,}",
-                      f"{row['trainable']:,}")
+    for row in result.table:
+        table.add_row(row.module, row.kind, f"{row.adapter_params:,}", f"{row.trainable:,}")
     console = out()
     console.print(table)
-    info = result["info"]
-    console.print(f"adapter params (the paper's # Params): {info['adapter_params']:,}  "
-              f"head params: {info['head_params']:,}  matrices: {info['n_matrices']}")
-    if "final_budget" in info:  # AdaLoRA trains at r0 but keeps only b(T): show both
-        _print_final_budget(console, info)
-    print(json.dumps(info), flush=True)  # last line: machine-readable
+    console.print(f"adapter params (the paper's # Params): {result.adapter_params:,}  "
+                  f"head params: {result.head_params:,}  matrices: {result.n_matrices}",
+                  highlight=False, soft_wrap=True)
+    if result.budget is not None:  # AdaLoRA trains at r0 but keeps only b(T): show both
+        _print_final_budget(console, result.budget, result.n_matrices)
+    print(json.dumps(result.info()), flush=True)  # last line: machine-readable
 
 
-def _print_final_budget(console: Console, info: dict) -> None:
-    lo, hi, even = (info["final_params_min"], info["final_params_max"],
-                    info["final_params_uniform"])
+def _print_final_budget(console: Console, budget: FinalBudget, n: int) -> None:
+    lo, hi, even = budget.final_params_min, budget.final_params_max, budget.final_params_uniform
     kept = f"{lo:,}" if lo == hi else f"{lo:,} to {hi:,} by rank pattern"
     if even is not None and lo != hi:
-        rank = info["final_budget"] // info["n_matrices"]
-        kept += f", {even:,} if every matrix ends at rank {rank}"
-    console.print(f"trains at r0: {info['adapter_params_at_r0']:,} adapter params; b(T) = "
-                  f"{info['final_budget']} keeps {kept}", highlight=False, soft_wrap=True)
+        kept += f", {even:,} if every matrix ends at rank {budget.final_budget // n}"
+    console.print(f"trains at r0: {budget.adapter_params_at_r0:,} adapter params; b(T) = "
+                  f"{budget.final_budget} keeps {kept}", highlight=False, soft_wrap=True)
+    console.print(f"mean final rank b(T)/n = {budget.final_budget}/{n} = "
+                  f"{budget.final_mean_rank:g}", highlight=False, soft_wrap=True)
 
 
 def print_result(path: Path) -> None:
-    summary = json.loads((path / "summary.json").read_text())
+    """The final scores, what the run cost and trained, and where it is."""
+    from ..rundir.summary import read_summary
+    from ..tasks.columns import metrics_line
+
+    summary = read_summary(path)
     console = out()
     # train.eval_at_start: the scores before training, beside the trained ones
-    for split, metrics in (summary.get("metrics_at_start") or {}).items():
-        shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        console.print(f"{split} before training: {shown}", soft_wrap=True)
-    for split, metrics in summary["metrics"].items():
-        shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        console.print(f"{split}: {shown}")
-    console.print(f"run directory: {path}")
+    for split, metrics in (summary.metrics_at_start or {}).items():
+        console.print(f"{split} before training: {metrics_line(metrics)}", highlight=False,
+                      soft_wrap=True)
+    for split, metrics in summary.metrics.items():
+        console.print(f"{split}: {metrics_line(metrics)}", highlight=False)
+    console.print(end_of_run(summary), highlight=False)
+    console.print(f"run directory: {path}", highlight=False)
+
+
+def end_of_run(s: Summary) -> str:
+    """``32 steps in 0:00:04 on cpu, peak memory 312 MiB; trained 3,266 parameters (3,200
+    adapter + 66 head); final mean rank 1.33 (b(T) 16 over 12 matrices)``."""
+    from ..engine.progress import clock_text
+
+    parts = [f"{s.total_steps} steps in {clock_text(s.train_seconds or 0)} on {s.device}"]
+    if s.peak_memory_bytes:
+        parts[0] += f", peak memory {s.peak_memory_bytes / 2**20:,.0f} MiB"
+    if s.trainable_params is not None:
+        parts.append(f"trained {s.trainable_params:,} parameters ({s.adapter_params:,} "
+                     f"adapter + {s.head_params:,} head)")
+    if s.final_mean_rank is not None:
+        parts.append(f"final mean rank {s.final_mean_rank:.2f} (b(T) {s.final_budget} over "
+                     f"{s.n_matrices} matrices, {s.final_adapter_params:,} adapter "
+                     "parameters kept)")
+    return "; ".join(parts)

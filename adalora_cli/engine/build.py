@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import random
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 from huggingface_hub.utils import HFValidationError
+from safetensors import SafetensorError
 
 from .. import resources
 from ..config import ConfigError, RunConfig
 from ..errors import first_line
-from ..methods import apply_method, parameter_table
+from ..methods import apply_method
 from ..methods.base import MethodHandle
-from ..methods.budget_params import budget_info
 from ..methods.registry import check_method
 from ..tasks import get_task, gguf
 from ..tasks.base import Task, TaskData
@@ -55,36 +56,60 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
-def pick_device(name: str) -> torch.device:
-    """The device ``train.device`` names; checked before anything is written."""
+def pick_device(name: str, setting: str = "train.device") -> torch.device:
+    """The device ``name`` names; checked before anything is written. ``setting`` is where
+    the user wrote it (``train.device``, or ``--device`` for predict), for the messages."""
+    def said(value: str) -> str:  # a config key takes key=value, an option takes --opt value
+        return f"{setting}={value}" if not setting.startswith("-") else f"{setting} {value}"
+
     if not _DEVICE.match(name):
-        raise ConfigError(f"train.device={name!r} is not a device; use auto, cpu, cuda or "
+        raise ConfigError(f"{said(repr(name))} is not a device; use auto, cpu, cuda or "
                           "cuda:N")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"train.device={name} but CUDA is not available; use "
-                              "train.device=cpu (or auto)")
+            raise ConfigError(f"{said(name)} but CUDA is not available; use {said('cpu')} "
+                              "(or auto)")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"train.device={name} but only {torch.cuda.device_count()} "
+            raise ConfigError(f"{said(name)} but only {torch.cuda.device_count()} "
                               "CUDA device(s) are visible; pick one of them")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"train.device={name} but MPS is not available; use train.device=cpu")
+        raise ConfigError(f"{said(name)} but MPS is not available; use {said('cpu')}")
     return device
+
+
+def bf16_native(device: torch.device) -> bool:
+    """Whether the GPU computes bf16 in hardware: compute capability 8.0 or higher (A100,
+    A10, L4, RTX 30xx/40xx, H100), or any ROCm GPU. Not ``torch.cuda.is_bf16_supported()``:
+    it also says True on V100 and T4 (7.x), where bf16 is only emulated, without tensor
+    cores and far slower than fp16."""
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """The autocast precision a run gets from ``train.precision``: fp32 off CUDA; ``auto``
+    is bf16 where the GPU runs it natively and fp16 with loss scaling elsewhere."""
+    if device.type != "cuda" or precision == "fp32":
+        return "fp32"
+    if precision == "auto":
+        return "bf16" if bf16_native(device) else "fp16"
+    return precision
 
 
 def autocast_factory(precision: str, device: torch.device):
     """Mixed precision on CUDA only; returns (context factory, dtype or None)."""
-    if device.type != "cuda" or precision == "fp32":
+    ran = resolve_precision(precision, device)
+    if ran == "fp32":
         return contextlib.nullcontext, None
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    dtype = _DTYPES[ran]
     return (lambda: torch.autocast("cuda", dtype=dtype)), dtype
 
 
@@ -96,6 +121,18 @@ def _looks_local(name: str) -> bool:
     return str(parent) not in ("", ".") and parent.is_dir()
 
 
+def check_model_folder(name: str) -> None:
+    """A local model folder must hold a transformers checkpoint (``config.json``): a one-line
+    error otherwise. (A folder holding a GGUF file instead was already turned into that
+    file's path by :func:`resolve_resources`.)"""
+    folder = Path(name).expanduser()
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return
+    raise ConfigError(f"model folder {name} has no config.json; set model.name_or_path to a "
+                      "checkpoint folder (config.json, weights, tokenizer), a .gguf file or a "
+                      "hub id")
+
+
 def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
     """The task's pretrained model, its weights in ``dtype`` whatever dtype the checkpoint
     was stored in (tasks/pretrained.py), and its tokenizer; a missing model is a one-line
@@ -104,52 +141,78 @@ def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
     if _looks_local(name) and not Path(name).expanduser().exists():
         raise ConfigError(f"model folder {name} does not exist; set model.name_or_path to a "
                           "local model folder or a hub id")
+    check_model_folder(name)
     try:
+        check_model_type(name)
         return task.build_model(dtype=dtype)
     except (OSError, HFValidationError) as err:  # missing folder, unknown or unreachable hub id
         raise ConfigError(
             f"could not load model {name!r} ({first_line(err)}); "
             "set model.name_or_path to a local folder or check the network") from None
+    except SafetensorError as err:  # a weights file cut short (an interrupted download)
+        file = damaged_weights(name)
+        what = str(file) if file else f"a weights file of model {name}"
+        raise ConfigError(f"{what} cannot be read ({first_line(err)}): it is damaged or "
+                          "truncated (an interrupted download?); download or copy it again"
+                          ) from None
 
 
-@contextlib.contextmanager
-def weightless_loading():
-    """Inside: every transformers ``from_pretrained`` builds its model from ``config.json``
-    alone, and everything is created on the meta device (shapes and dtypes, no storage), so
-    a 7B-shaped model costs nothing; a folder without a tokenizer gives ``None``.
+def damaged_weights(folder: str) -> Path | None:
+    """The first ``*.safetensors`` file in a local model folder whose header does not read
+    (only headers are read: cheap even for a 7B checkpoint)."""
+    from safetensors import safe_open
 
-    A dry run only counts parameters, and a task builds its model the way it builds it for
-    training (the right head, a warm start), so the loading is intercepted here rather than
-    taught to every task family."""
-    from transformers import AutoTokenizer, PretrainedConfig, PreTrainedModel
-
-    real_model = PreTrainedModel.__dict__["from_pretrained"]
-    real_tokenizer = AutoTokenizer.__dict__["from_pretrained"]
-
-    def from_config_only(cls, name, *args, config=None, **kwargs):
-        if not isinstance(config, PretrainedConfig):
-            config, kwargs = cls.config_class.from_pretrained(
-                config or name, return_unused_kwargs=True, **kwargs)
-        dtype = kwargs.get("dtype") or kwargs.get("torch_dtype")
-        return cls._from_config(config, **({"dtype": dtype} if dtype else {}))
-
-    def tokenizer_if_any(cls, *args, **kwargs):
+    path = Path(folder).expanduser()
+    for file in sorted(path.glob("*.safetensors")) if path.is_dir() else []:
         try:
-            return real_tokenizer.__func__(cls, *args, **kwargs)
-        except (OSError, ValueError):  # a config-only folder: nothing needs a tokenizer
-            return None
+            with safe_open(str(file), "pt"):
+                pass
+        except SafetensorError:
+            return file
+    return None
 
-    PreTrainedModel.from_pretrained = classmethod(from_config_only)
-    AutoTokenizer.from_pretrained = classmethod(tokenizer_if_any)
+
+def check_model_type(name: str) -> None:
+    """A model whose ``config.json`` names no architecture transformers knows (no
+    ``model_type``, or a misspelt or too new one) is a one-line ConfigError, not a crash.
+    A GGUF file is left to its reader, which says so in one line (tasks/gguf.py)."""
+    from transformers import AutoConfig
+
+    if gguf.is_gguf(name):
+        return
     try:
-        with torch.device("meta"):
-            yield
-    finally:
-        PreTrainedModel.from_pretrained = real_model
-        AutoTokenizer.from_pretrained = real_tokenizer
+        AutoConfig.from_pretrained(name)
+    except ValueError as err:  # AutoConfig's word for "cannot tell what this model is"
+        raise ConfigError(_unknown_model(name, err)) from None
 
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+def _unknown_model(name: str, err: ValueError) -> str:
+    import difflib
+    import json
+
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    file = Path(name).expanduser() / "config.json"
+    try:
+        kind = json.loads(file.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):  # a hub id, or no JSON object
+        return (f"could not tell which architecture model {name} is ({first_line(err)}); "
+                "check model.name_or_path")
+    if not kind:
+        return (f"{file} has no model_type, so transformers cannot tell which architecture "
+                'it is; add one (e.g. "model_type": "llama") or use the folder '
+                "save_pretrained wrote")
+    close = difflib.get_close_matches(str(kind), list(CONFIG_MAPPING.keys()), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"{file} has model_type {kind!r}, which transformers {transformers.__version__} "
+            f"does not know; {hint}fix it, or upgrade transformers if the architecture is "
+            "newer")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """fp32, bf16 or fp16: a dtype in the config's words."""
+    return next(name for name, d in _DTYPES.items() if d is dtype)
 
 
 def base_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
@@ -191,6 +254,26 @@ def trained_in_fp32(params: list[torch.nn.Parameter]) -> int:
     return cast
 
 
+def no_kv_cache(model: torch.nn.Module) -> None:
+    """A training forward builds no key/value cache: nothing reads it, it costs memory,
+    and building it changes GPT-2's arithmetic (its attention then runs on the cache's
+    copies), so gradients with ``train.gradient_checkpointing``, which turns the cache off,
+    differed from those without in the last bits. A forward hook passes ``use_cache=False``
+    in training mode only: generation and scoring (eval mode) are untouched, and so is the
+    config a ``full`` run saves."""
+    import inspect
+
+    if "use_cache" not in inspect.signature(model.forward).parameters:
+        return  # an encoder (BERT): it has no cache to turn off
+
+    def hook(module, args, kwargs):
+        if module.training:
+            kwargs["use_cache"] = False
+        return args, kwargs
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 def enable_checkpointing(model: torch.nn.Module) -> None:
     """``train.gradient_checkpointing``: recompute activations in the backward pass. The
     non-reentrant form works with a frozen base (no input needs a gradient)."""
@@ -217,6 +300,10 @@ class Built:
     handle: MethodHandle
     steps: int
     device: torch.device
+    precision: str = "fp32"
+    """The autocast precision that runs (:func:`resolve_precision`): fp32, bf16 or fp16."""
+    base_dtype: torch.dtype = torch.float32
+    """The dtype of the frozen base weights (:func:`base_dtype`)."""
     base_gguf: dict[str, Any] | None = None
     """A GGUF base's file, sha256 and size (tasks/gguf.py), hashed when it was loaded; None
     for any other checkpoint."""
@@ -242,6 +329,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
+    cfg = cfg.with_final_budget(handle.n_matrices)  # adalora.target_rank -> its b(T)
     if not spec.trains:
         steps = 0  # method none: the model is only evaluated
     elif not handle.trainable:  # e.g. BitFit on a model without biases (Llama)
@@ -249,30 +337,15 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
                           f"{type(model).__name__}; choose another method.name")
     trained_in_fp32(handle.trainable)
     cast_frozen(model, dtype)
+    no_kv_cache(model)
     if cfg.train.gradient_checkpointing:
         enable_checkpointing(model)
+    precision = resolve_precision(cfg.train.precision, device)
+    if precision == "bf16" and not bf16_native(device) and (w is None or w.main):
+        print(f"warning: train.precision=bf16 on {torch.cuda.get_device_name(device)}, which "
+              "only emulates bf16 (slower than fp16); train.precision=auto picks fp16 with "
+              "loss scaling there", file=sys.stderr, flush=True)
     path = resolved.model.name_or_path
     base = gguf.describe(path) if gguf.is_gguf(path) else None
-    return Built(cfg, task, model, tokenizer, data, handle, steps, device, base)
-
-
-def dry_run(cfg: RunConfig) -> dict[str, Any]:
-    """Build model and method on the meta device, train nothing; the per-module table plus
-    the totals. Only ``config.json`` is read, so a 7B-shaped config takes seconds."""
-    cfg = resolve_resources(cfg)
-    check_method(cfg)
-    with weightless_loading():
-        model, _ = load_model(get_task(cfg), cfg, torch.float32)
-        handle = apply_method(model, cfg, None)
-    table = parameter_table(model)
-    info = {
-        "adapter_params": handle.adapter_params,
-        "head_params": handle.head_params,
-        "n_matrices": handle.n_matrices,
-        "trainable_params": sum(p.numel() for p in handle.trainable),
-        "total_params": sum(p.numel() for p in model.parameters()),
-        "method": cfg.method.name,
-        "model": cfg.model.name_or_path,
-    }
-    info.update(budget_info(cfg, handle))  # AdaLoRA: what trains at r0 vs what b(T) keeps
-    return {"table": table, "info": info}
+    return Built(cfg, task, model, tokenizer, data, handle, steps, device, precision, dtype,
+                 base)

@@ -3,7 +3,8 @@
 A checkpoint holds everything the next optimizer step depends on: the trainable tensors
 (adapter + head; every parameter for ``full``), the optimizer, lr scheduler and GradScaler,
 the rank allocator (EMAs, mask, frozen flag), every RNG (python, numpy, torch CPU and CUDA)
-of every process (each rank draws its own dropout masks), the data order (the epoch's
+of every process (each rank draws its own dropout masks) and so the number of processes,
+the autocast precision that ran and the loss scaler's skipped steps, the data order (the epoch's
 generator state at its start and the batches used since), the step counter, the time
 trained so far, how far ``metrics.jsonl`` and ``rank_history.jsonl`` had been written (bytes
 and rows), so a resumed run first cuts off the rows that the killed attempt wrote after
@@ -17,13 +18,8 @@ previous one as the latest.
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
 import os
 import random
-import re
-import resource
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +29,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..config import RESUMABLE_KEYS, ConfigError, RunConfig
+from ..config import RESUMABLE_KEYS, ConfigError, RunConfig, digest, flatten
+from ..errors import describe, first_line, writing
+from ..rundir.layout import CHECKPOINT_STATE as STATE
+from ..rundir.layout import CHECKPOINT_TENSORS as TENSORS
 from ..rundir.layout import CHECKPOINTS
 from ..rundir.run import follow_umask
 from . import faults
@@ -41,8 +40,6 @@ from . import faults
 if TYPE_CHECKING:  # annotations only: reading a checkpoint needs no model code
     from .step import Stepper
 
-TENSORS = "trainable.safetensors"
-STATE = "state.pt"
 FORMAT = 2
 """2: per-rank RNG states, the config and its digest, stream rows."""
 
@@ -88,6 +85,9 @@ def state_of(stepper: Stepper, generator: torch.Generator, pos: Position,
         "streams": streams,
         "eval_pending": eval_pending,
         "train_seconds": pos.seconds_now,
+        "world_size": len(rngs),
+        "precision": stepper.precision,
+        "skipped": {"total": stepper.skipped, "run": stepper.skip_run},
     }
 
 
@@ -96,7 +96,10 @@ def restore(state: dict[str, Any], stepper: Stepper, rank: int = 0) -> Position:
     position. The caller cuts the streams back to ``state["streams"]``."""
     stepper.optimizer.load_state_dict(state["optimizer"])
     stepper.scheduler.load_state_dict(state["scheduler"])
-    stepper.scaler.load_state_dict(state["scaler"])
+    if state["scaler"]:  # empty when saved without loss scaling: a new scaler starts fresh
+        stepper.scaler.load_state_dict(state["scaler"])
+    skipped = state.get("skipped") or {}
+    stepper.skipped, stepper.skip_run = skipped.get("total", 0), skipped.get("run", 0)
     if stepper.handle.allocator is not None:
         stepper.handle.allocator.load_state_dict(state["allocator"])
     set_rng_state(rank_rng(state["rng"], rank))
@@ -106,14 +109,17 @@ def restore(state: dict[str, Any], stepper: Stepper, rank: int = 0) -> Position:
                     saved_step=state["step"], eval_pending=state.get("eval_pending", False))
 
 
-def _step_dirs(run_path: Path) -> list[tuple[int, Path]]:
+def _step_dirs(run_path: Path, complete: bool = True) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of the published checkpoints, oldest first; ``complete=False``
+    also lists folders that lost their ``state.pt`` (deleted, or a damaged disk)."""
     root = run_path / CHECKPOINTS
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
         name = child.name
-        if name.startswith("step-") and name[5:].isdigit() and (child / STATE).is_file():
+        if (name.startswith("step-") and name[5:].isdigit()
+                and (not complete or (child / STATE).is_file())):
             found.append((int(name[5:]), child))
     return sorted(found)
 
@@ -135,13 +141,16 @@ def newest_readable(run_path: Path, note=lambda text: None
     A checkpoint that does not load (a disk error, a file damaged after it was published)
     is skipped for the one before it, with a note naming both. If none loads the resume is
     refused: starting over silently would throw the run's progress away."""
-    found = checkpoints(run_path)
+    found = [path for _, path in _step_dirs(Path(run_path), complete=False)]
     bad: list[str] = []
     for path in reversed(found):
+        if not (path / STATE).is_file():  # named, never silently passed over
+            bad.append(f"{path}: no {STATE}")
+            continue
         try:
             _, state = load_checkpoint(path)
         except Exception as err:  # any damage: the reader's own words say which
-            bad.append(f"{path}: {_first_line(err)}")
+            bad.append(f"{path}: {describe(err)}")
             continue
         if bad:
             note(f"skipped unreadable checkpoint(s) {'; '.join(bad)}; resuming from "
@@ -153,25 +162,11 @@ def newest_readable(run_path: Path, note=lambda text: None
     return None
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 # ------------------------------------------------------------------ the run's config
 def flat_config(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
-    """{"train.learning_rate": 0.005, ...}: every leaf of the config under its dotted key."""
-    data = cfg.to_dict() if isinstance(cfg, RunConfig) else cfg
-    out: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict) and key not in ("data_files",):
-                walk(value, f"{prefix}{key}.")
-            else:
-                out[f"{prefix}{key}"] = value
-    walk(data, "")
-    return out
+    """{"train.learning_rate": 0.005, ...}: every leaf of the config under its dotted key
+    (``task.data_files`` whole, as checkpoints have always recorded it)."""
+    return flatten(cfg.to_dict() if isinstance(cfg, RunConfig) else cfg, leaves=("data_files",))
 
 
 def may_change(key: str) -> bool:
@@ -180,16 +175,16 @@ def may_change(key: str) -> bool:
     return key.startswith(RESUMABLE_KEYS) and not key.endswith(".")
 
 
-def config_digest(cfg: RunConfig | dict[str, Any]) -> str:
-    """sha256 of the config without the keys that :func:`may_change`."""
-    kept = {k: v for k, v in flat_config(cfg).items() if not may_change(k)}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+def resume_digest(cfg: RunConfig | dict[str, Any]) -> str:
+    """The digest of the config without the keys that :func:`may_change`: a resume must
+    match it (recorded as the checkpoint's ``config_digest``)."""
+    return digest({k: v for k, v in flat_config(cfg).items() if not may_change(k)})
 
 
 def config_record(cfg: RunConfig) -> dict[str, Any]:
     """What a checkpoint keeps of the config: every value, and the digest of those that
     must not change."""
-    return {"config": flat_config(cfg), "config_digest": config_digest(cfg)}
+    return {"config": flat_config(cfg), "config_digest": resume_digest(cfg)}
 
 
 _ABSENT = "(absent)"
@@ -205,10 +200,13 @@ def check_config(path: Path, state: dict[str, Any], cfg: RunConfig
     keys = sorted(set(saved) | set(now))
 
     def differs(k: str) -> bool:
-        return saved.get(k, _ABSENT) != now.get(k, _ABSENT)
+        before, after = saved.get(k, _ABSENT), now.get(k, _ABSENT)
+        # a key added to the config since the checkpoint was written, unset (None), leaves
+        # the run what it was: an upgrade must not strand a checkpoint
+        return before != after and not (before == _ABSENT and after is None)
 
-    if state.get("config_digest") != config_digest(cfg):
-        changed = [k for k in keys if differs(k) and not may_change(k)]
+    changed = [k for k in keys if differs(k) and not may_change(k)]
+    if state.get("config_digest") != resume_digest(cfg) and (changed or not saved):
         listed = ", ".join(f"{k} {saved.get(k, _ABSENT)!r} -> {now.get(k, _ABSENT)!r}"
                            for k in changed[:6]) or "keys this version cannot name"
         raise ConfigError(
@@ -227,6 +225,45 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def saved_world_size(state: dict[str, Any]) -> int:
+    """How many processes wrote a checkpoint (older ones: one RNG state per process)."""
+    return int(state.get("world_size") or len(state["rng"]))
+
+
+def machine_changes(state: dict[str, Any], world_size: int, precision: str
+                    ) -> dict[str, list[Any]]:
+    """What differs between the processes and autocast precision a checkpoint ran with and
+    this resume's ({"processes": [2, 1], "precision": ["bf16", "fp16"]}); empty if nothing."""
+    changes: dict[str, list[Any]] = {}
+    if saved_world_size(state) != world_size:
+        changes["processes"] = [saved_world_size(state), world_size]
+    if state.get("precision", precision) != precision:
+        changes["precision"] = [state["precision"], precision]
+    return changes
+
+
+def describe_machine_changes(changes: dict[str, list[Any]]) -> str:
+    """One line on what a resume on other processes or another GPU restores exactly and what
+    it cannot (docs/run-directory.md#resuming)."""
+    parts = []
+    if "processes" in changes:
+        saved, now = changes["processes"]
+        parts.append(
+            f"resuming on {now} process{'es' if now > 1 else ''} a checkpoint written by "
+            f"{saved}: the weights, optimizer, lr and budget schedules, rank allocator and data "
+            "order carry on exactly, but each process's random stream (dropout) and the sum "
+            "of gradients over processes cannot, so the run matches an uninterrupted one only "
+            "up to those")
+    if "precision" in changes:  # another GPU, or train.device changed
+        saved, now = changes["precision"]
+        tail = ", without its loss scaler" if saved == "fp16" else (
+            ", with a fresh loss scaler" if now == "fp16" else "")
+        said = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}
+        parts.append(f"this device runs {said[now]} where the checkpoint ran {said[saved]}: "
+                     f"the run goes on so{tail}")
+    return "; ".join(parts)
 
 
 def rank_rng(states: list[dict[str, Any]], rank: int) -> dict[str, Any]:
@@ -288,51 +325,32 @@ def save_checkpoint(run_path: Path, step: int, tensors: dict[str, torch.Tensor],
     return final
 
 
-class WriteFailed(OSError):
-    """A file of the run could not be written; the message names it and says why."""
-
-
 def _write(tmp: Path, final: Path, write) -> None:
-    """``write(tmp)``, with a failure said as which file and why: torch's writer reports
-    a full disk as ``[enforce fail at inline_container.cc] . unexpected pos``."""
-    try:
+    """``write(tmp)``, with a failure said as which file and why, with the OS's error
+    number: torch's writer reports a full disk as ``[enforce fail at inline_container.cc]
+    . unexpected pos``, safetensors as "(os error 28)" (errors.write_failed)."""
+    with writing(final, then="resume the run", written_as=tmp, library=True):
         write(tmp)
-    except Exception as err:
-        raise WriteFailed(getattr(err, "errno", None) or errno.EIO,
-                          f"could not write {final}: {why_write_failed(tmp, err)}") from None
-
-
-def why_write_failed(path: Path, err: BaseException) -> str:
-    """The likely reason a write to ``path`` failed, in words a user can act on."""
-    code = getattr(err, "errno", None)
-    if code is None:  # safetensors (Rust) says "... (os error 28)" in its message
-        found = re.search(r"\(os error (\d+)\)", str(err))
-        code = int(found.group(1)) if found else None
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return f"{os.strerror(code)} (free some space, then resume the run)"
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    size = path.stat().st_size if path.exists() else 0
-    if code == errno.EFBIG or (limit != resource.RLIM_INFINITY and size >= limit):
-        return (f"the file size limit (ulimit -f, {limit} bytes) was reached; raise it, then "
-                "resume the run")
-    try:
-        free = os.statvfs(path.parent)
-        if free.f_bavail * free.f_frsize < 1 << 20:  # under 1 MiB left: the disk is full
-            return "No space left on device (free some space, then resume the run)"
-    except OSError:
-        pass
-    return _first_line(err)
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors = load_file(str(path / TENSORS))
+    """The tensors and state of one checkpoint; a file that does not read (truncated,
+    damaged) is a ValueError naming it."""
+    tensors = _read(path / TENSORS, lambda f: load_file(str(f)))
     # Our own file, written by save_checkpoint: it holds numpy's RNG state, which the
     # weights-only unpickler refuses.
-    state = torch.load(path / STATE, map_location="cpu", weights_only=False)
+    state = _read(path / STATE, lambda f: torch.load(f, map_location="cpu", weights_only=False))
     if state.get("format") != FORMAT:
         raise ValueError(f"{path} has checkpoint format {state.get('format')}, "
                          f"this version reads {FORMAT}")
     return tensors, state
+
+
+def _read(file: Path, read):
+    try:
+        return read(file)
+    except Exception as err:  # noqa: BLE001 - every reader's own error type
+        raise ValueError(f"{file.name} cannot be read ({first_line(err)})") from None
 
 
 def remove_all(run_path: Path) -> None:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..config import ConfigError, RunConfig, load_config, resume_config
 from ..rundir.layout import CONFIG
+
+if TYPE_CHECKING:
+    from .dryrun import DryRun
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,8 @@ class TrainOutcome:
 
     run_dir: Path | None = None
     """The run directory this process trained (one process, or a torchrun rank)."""
-    dry_run: dict[str, Any] | None = None
-    """``build.dry_run``'s per-module table and totals."""
+    dry_run: DryRun | None = None
+    """``dryrun.dry_run``'s per-module table and totals."""
     exit_code: int | None = None
     """``--nproc N``: the first failing rank's exit code, 0 when all finished."""
 
@@ -67,7 +70,7 @@ def run_train(req: TrainRequest, note=lambda text: None) -> TrainOutcome:
                               "--resume RUN_DIR")
         cfg = load_config(req.config, extra)
         if req.dry_run:
-            from .build import dry_run
+            from .dryrun import dry_run
 
             return TrainOutcome(dry_run=dry_run(cfg))
     if req.nproc != 1:

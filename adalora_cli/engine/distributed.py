@@ -6,8 +6,11 @@ global micro-batch. Each rank's loss is weighted by its share of the micro-batch
 gradient DDP averages over ranks is the gradient of the global mean, as on one process.
 Only rank 0 writes (run directory, checkpoints, trackers, progress) and evaluates; the
 others wait for it. The rank allocator runs on every rank from the all-reduced gradients,
-and at every mask event the masks are compared across ranks, failing loudly if they
-ever differ.
+but the masks are rank 0's: each rank's importance scores may differ in their last bits
+(CUDA's ``index_add_`` and other reductions add in no fixed order), and two triplets whose
+scores are that close could otherwise be ranked differently on two ranks. Rank 0 chooses
+and broadcasts (:func:`masks_from_rank0`); a cheap checksum after every mask event
+(:func:`check_masks`) guards the construction.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ConfigError
+from ..errors import RankDied
 
 TIMEOUT = datetime.timedelta(hours=int(os.environ.get("ADALORA_DIST_TIMEOUT_HOURS", "6")))
 """How long ranks wait for each other, e.g. while rank 0 evaluates a large split."""
@@ -123,8 +127,23 @@ def global_mean(value: float, weight: float, w: World) -> float:
     return float(t.item()) / w.size
 
 
+def masks_from_rank0(allocator: Any, w: World) -> None:
+    """Make every mask the rank allocator chooses rank 0's choice, broadcast to the other
+    ranks (they all reach each mask event at the same step ``t``); a no-op on one process
+    or without an allocator."""
+    if not w.distributed or allocator is None:
+        return
+
+    def agree(keep: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(keep, src=0)  # on the mask's device: a CUDA tensor under NCCL
+        return keep
+
+    allocator.agree = agree
+
+
 def check_masks(mask: torch.Tensor, step: int, w: World) -> None:
-    """Fail loudly if the allocator's mask differs between ranks (it never should)."""
+    """Fail loudly if the allocator's mask differs between ranks (it cannot, once
+    :func:`masks_from_rank0` is in place: a guard)."""
     if not w.distributed:
         return
     m = mask.detach().double().cpu()
@@ -142,3 +161,24 @@ def check_masks(mask: torch.Tensor, step: int, w: World) -> None:
 def barrier(w: World) -> None:
     if w.distributed:
         dist.barrier()
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "remote process exited", "NCCL communicator was aborted")
+"""What gloo and NCCL say when the process at the other end of a collective is gone."""
+
+
+def rank_died(err: BaseException, w: World, run_dir: Any = None) -> RankDied | None:
+    """``err`` as a :class:`RankDied` when it is a collective failing because another rank
+    died; None for any other error."""
+    if not w.distributed or not isinstance(err, RuntimeError):
+        return None
+    text = str(err)
+    if not any(marker in text for marker in _PEER_GONE):
+        return None
+    cause = next(m for m in _PEER_GONE if m in text)
+    return RankDied(f"another process of this {w.size}-process run died ({cause}), so rank "
+                    f"{w.rank} stopped too; that process's own output (or the kernel log, "
+                    "for the out-of-memory killer) says why"
+                    + (f"; adalora train --resume {run_dir} --nproc {w.size} continues the run"
+                       if run_dir is not None else ""))

@@ -11,7 +11,8 @@ a checkpoint. Unset (always, outside the tests), every call here is a dictionary
 - ``enospc@checkpoint=N``: writing checkpoint N fails as on a full disk;
 - ``term@midstep=N`` / ``usr1@midstep=N``: the process sends itself SIGTERM / SIGUSR1 in the middle
   of optimizer step N, as a scheduler would (``term@eval=N``: during the evaluation at N);
-- ``int@midstep=N`` / ``int2@midstep=N``: Ctrl-C there, once / twice in a row.
+- ``int@midstep=N`` / ``int2@midstep=N``: Ctrl-C there, once / twice in a row;
+- ``<what>:R@...``: on rank R only (``kill:1@step=N``: one rank of a distributed run dies).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def _parse() -> tuple[str, str, int] | None:
         return None
     what, _, rest = spec.partition("@")
     where, _, step = rest.partition("=")
+    what, _, rank = what.partition(":")  # kill:1 strikes rank 1 only
+    if rank and os.environ.get("RANK", "0") != rank:
+        return None
     return what, where, int(step)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Iterator
@@ -81,8 +82,12 @@ def launch(nproc: int, args: list[str]) -> int:
         codes = [f.exitcode for f in err.failures.values()]
         if EXIT_PREEMPTED in codes:  # rank 0 checkpointed and said so; the rest were stopped
             return EXIT_PREEMPTED
-        _, failure = err.get_first_failure()
+        rank, failure = err.get_first_failure()
         code = failure.exitcode
+        if code < 0:  # killed by a signal, so it said nothing itself: say it for it
+            print(f"error: rank {rank} was killed by {_signal_name(-code)}"
+                  + (" (as the out-of-memory killer does)" if -code == signal.SIGKILL else ""),
+                  file=sys.stderr)
         return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell
     except Exception as err:
         from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -92,3 +97,10 @@ def launch(nproc: int, args: list[str]) -> int:
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_FAILED
     return 0
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -7,11 +7,11 @@ The run directory is written first and is the source of truth; trackers only mir
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import RunConfig
+from ..errors import warning
 from ..tracking import Trackers
 from .progress import TrainProgress
 from .step import StepLog
@@ -25,17 +25,12 @@ class RunFiles(Protocol):
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None: ...
 
 
-def warn(message: str) -> None:
-    """A tracker problem: reported once, never fatal."""
-    print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
 def open_trackers(cfg: RunConfig, run_dir: Path, *, resumed: bool, main: bool) -> Trackers:
     """The trackers of ``log.to`` on rank 0 (a resumed run reattaches to its tracker runs);
     none on the other ranks, which write nothing."""
     if main:
-        return Trackers.open(cfg, run_dir, resumed=resumed, warn=warn)
-    return Trackers([], warn, cfg, run_dir)
+        return Trackers.open(cfg, run_dir, resumed=resumed, warn=warning)
+    return Trackers([], warning, cfg, run_dir)
 
 
 class RunLogger:
@@ -65,6 +60,7 @@ class RunLogger:
     def evaluated(self, step: int, split: str, metrics: dict[str, float]) -> None:
         self.files.log({"step": step, "split": split, **metrics})
         self.trackers.log_eval(step, split, metrics)
+        self.progress.scores(step, split, metrics)
 
     def evaluations_done(self) -> None:
         self.progress.note("")

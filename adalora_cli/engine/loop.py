@@ -21,13 +21,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ConfigError, RunConfig, dump_config
-from ..errors import first_line
+from ..errors import Preempted, RunBusy, first_line, warning
 from ..rundir.layout import CONFIG
-from ..rundir.run import RunBusy, RunDir, default_run_dir, read_metrics, write_text_atomic
+from ..rundir.run import RunDir, default_run_dir, read_metrics, write_text_atomic
+from ..rundir.summary import Summary
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults
-from .build import Built, build_run
+from .build import Built, build_run, dtype_name
 from .distributed import (
     World,
     any_rank,
@@ -37,16 +38,20 @@ from .distributed import (
     gather,
     global_mean,
     init,
+    masks_from_rank0,
     per_rank_batch,
+    rank_died,
     shutdown,
     world,
 )
-from .loggers import RunLogger, open_trackers, warn
+from .fingerprint import KEY as DATA_KEY
+from .fingerprint import check_data, data_record
+from .loggers import RunLogger, open_trackers
 from .order import EpochBatches, example_lengths
 from .outputs import trained_state, write_outputs
 from .progress import TrainProgress
 from .progress import check_env as check_progress_env
-from .signals import Preempted, StopSignals
+from .signals import StopSignals
 from .split import LengthSplit
 from .step import StepLog, Stepper
 
@@ -59,9 +64,12 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
         check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
         built = build_run(cfg, w)  # every user error is raised here, before anything is written
+        _say_notes(built, w)
         init(w, built.device.type)
         try:
-            run = _on_rank0(w, lambda: RunDir.create(run_dir or default_run_dir(cfg), cfg))
+            # built.cfg: b(T) written out when the config gave adalora.target_rank
+            run = _on_rank0(w, lambda: RunDir.create(run_dir or default_run_dir(cfg),
+                                                     built.cfg))
             return _own(built, run, stop, quiet, None, resumed=False, w=w)
         finally:
             shutdown()
@@ -71,8 +79,9 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
            note=lambda text: None) -> Path:
     """Continue the unfinished run in ``path`` with ``cfg`` (checked by the caller).
 
-    The checkpoint holds no trace of the number of processes, so a run may resume on more
-    or fewer than it started with."""
+    A run may resume on more or fewer processes than it started with, or on a device that
+    runs another autocast precision: what carries over exactly and what cannot is said in
+    one note and recorded in status.json (checkpoint.describe_machine_changes)."""
     w = world()
     with StopSignals() as stop:
         RunDir.check_claimable(path)  # a finished or live run is refused before the build
@@ -82,6 +91,13 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
         check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
         built = build_run(cfg, w)
+        _say_notes(built, w)
+        if found and DATA_KEY in found[1]:  # rows appended or edited since: another run
+            check_data(found[0], found[1][DATA_KEY],
+                       data_record(built.data.train, built.data.eval_splits))
+        elif found:
+            note(f"{found[0].name} was written before checkpoints recorded their data; "
+                 "resuming without checking that the data is the same")
         init(w, built.device.type)
 
         def reopen() -> RunDir:
@@ -91,11 +107,16 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
             if run.latest is None:
                 note(f"{path} has no checkpoint yet; starting it over from step 0")
                 run.clear_outputs()
-            elif changes:
+                return run
+            machine = ckpt.machine_changes(found[1], w.size, built.precision)
+            if changes:
                 note("resuming with " + ", ".join(f"{k} {a!r} -> {b!r}"
                                                   for k, (a, b) in changes.items())
                      + " (recorded in status.json)")
-                run.record_resume(changes)
+            if machine:
+                note(ckpt.describe_machine_changes(machine) + " (recorded in status.json)")
+            if changes or machine:
+                run.record_resume(changes, machine=machine)
             return run
 
         try:
@@ -104,6 +125,13 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
             return _own(built, run, stop, quiet, latest, resumed=True, w=w)
         finally:
             shutdown()
+
+
+def _say_notes(built: Built, w: World) -> None:
+    """What the task has to say about the data (e.g. rows left out), once, not per rank."""
+    if w.main:
+        for line in built.data.notes:
+            warning(line)
 
 
 class Silent:
@@ -118,10 +146,10 @@ class Silent:
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None: ...
     def stream_sizes(self) -> dict[str, int]: return {}
     def truncate_streams(self, sizes: dict[str, int]) -> None: ...
-    def record_resume(self, changes, lost=None) -> None: ...
+    def record_resume(self, changes, lost=None, machine=None) -> None: ...
     def fail(self, error: str) -> None: ...
     def preempt(self, reason: str, step: int) -> None: ...
-    def finish(self, summary: dict[str, Any]) -> None: ...
+    def finish(self, summary: Summary | None) -> None: ...
 
 
 def _on_rank0(w: World, claim: Callable[[], RunDir]) -> RunDir | Silent:
@@ -158,10 +186,11 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
     try:
         trackers = open_trackers(built.cfg, run.path, resumed=resumed, main=w.main)
         summary = _loop(built, run, stop, quiet or not w.main, latest, trackers, w)
-        trackers.log_summary(summary)  # marks the tracker runs finished on close
-    except BaseException as err:
+        trackers.log_summary(summary.to_dict() if summary else {})  # finished on close
+    except BaseException as caught:
+        err = rank_died(caught, w, run.path) or caught  # a rank died: said so, not a socket
         if isinstance(err, Preempted):
-            run.preempt(str(err), step=getattr(err, "step", None))
+            run.preempt(str(err), step=err.step)
         else:
             reason = "interrupted by the user" if isinstance(err, KeyboardInterrupt) else (
                 f"{type(err).__name__}: {first_line(err)}")
@@ -170,7 +199,9 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
             err.run_dir = run.path  # lets the CLI name the directory it marked
         except AttributeError:
             pass
-        raise
+        if err is caught:
+            raise
+        raise err from None
     finally:
         if trackers is not None:
             trackers.close()
@@ -181,7 +212,8 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
 
 
 def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
-          latest: Path | None, trackers: Trackers, w: World) -> dict[str, Any]:
+          latest: Path | None, trackers: Trackers, w: World) -> Summary | None:
+    """The run's summary (None on ranks other than 0, which write nothing)."""
     cfg, model, data, handle, steps = built.cfg, built.model, built.data, built.handle, built.steps
     t_cfg, device = cfg.train, built.device
     model.to(device)
@@ -194,12 +226,15 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     stepper = Stepper.build(model, handle, t_cfg, steps, device)
+    masks_from_rank0(handle.allocator, w)  # the same masks on every rank, by construction
     generator = torch.Generator().manual_seed(t_cfg.seed)
     lengths = example_lengths(data.train) if t_cfg.group_by_length else None
     batches = EpochBatches(data.train, t_cfg.batch_size, generator, lengths, world=w)
     loader = DataLoader(data.train, batch_sampler=batches, generator=generator,
                         collate_fn=LengthSplit(data.collate, t_cfg.length_split))
     pos = _restore(latest, built, stepper, run, w) if latest is not None else ckpt.Position()
+    # the data's sizes and fingerprint, for every checkpoint (only rank 0 writes them)
+    dataset = data_record(data.train, data.eval_splits) if w.main else {}
 
     start = time.perf_counter()
 
@@ -207,15 +242,14 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         pos.seconds_now = pos.seconds + time.perf_counter() - start
         rngs = before_eval[0] if before_eval else gather(ckpt.rng_state(), w)  # every rank's
         if w.main:  # the rest of the state is the same on every rank: rank 0 writes it
-            path = _save(run, built, stepper, generator, pos, rngs, before_eval)
+            path = _save(run, built, stepper, generator, pos, rngs, dataset, before_eval)
             pos.checkpoint_bytes = _size(path)
         pos.saved_step = pos.step
 
     def stopped(why: str | None) -> Preempted:
-        err = Preempted(f"stopped by {why or 'a signal to another process'} at step "
-                        f"{pos.step}; resume with adalora train --resume {run.path}")
-        err.step = pos.step
-        return err
+        return Preempted(f"stopped by {why or 'a signal to another process'} at step "
+                         f"{pos.step}; resume with adalora train --resume {run.path}",
+                         step=pos.step)
 
     def boundary(eval_due: bool) -> None:
         """After optimizer step ``pos.step``: evaluate, checkpoint, honour a stop."""
@@ -239,17 +273,16 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             _heartbeat(run, w) as beat:
         logger = RunLogger(run, trackers, progress, t_cfg.log_every, steps)
         beat.step = pos.step
-        if t_cfg.eval_at_start and latest is None and steps > 0:  # before step 1
-            try:
-                with stop.immediate():  # nothing to save yet: a resume starts over
-                    at_start = _evaluate(built, stepper, 0, logger, w)
-            except Preempted:
-                raise stopped(stop.received) from None
-            for split, metrics in at_start.items():
-                progress.report(f"{split} before training: {_scores(metrics)}")
-            progress.restart_clock()  # the eta is the training's, not the evaluation's
         if pos.eval_pending:  # a resumed run whose last evaluation was cut short
             boundary(eval_due=True)
+        elif t_cfg.eval_at_start and pos.step == 0 and latest is None and steps > 0:
+            # (a run of no steps, method none, is scored once: its final evaluation)
+            try:  # nothing to checkpoint yet: a stop here leaves a run to start over
+                with stop.immediate():
+                    _evaluate(built, stepper, 0, logger, w)
+            except Preempted:
+                raise stopped(stop.received) from None
+            progress.restart_clock()  # the eta is the training's, not the evaluation's
         while pos.step < steps:
             if pos.epoch_start is None:  # a fresh epoch (not one being resumed)
                 pos.epoch_start, pos.consumed = generator.get_state(), 0
@@ -265,8 +298,9 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                     continue
                 pos.step += 1
                 faults.hit("midstep", pos.step)
-                log = stepper.update(pos.step)
-                row = _train_row(pos.step, loss_sum / micro, log, reg, stepper)
+                # a non-finite loss ends the run here, or is skipped under fp16 loss scaling
+                log = stepper.update(pos.step, loss_sum / micro)
+                row = _train_row(pos.step, loss_sum / micro, log, reg)
                 micro, loss_sum = 0, 0.0
                 if log.ranks is not None:  # every rank must have chosen the same ranks
                     check_masks(handle.allocator.mask, pos.step, w)
@@ -287,23 +321,19 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                 results = _evaluate(built, stepper, pos.step, logger, w)
         except Preempted:
             raise stopped(stop.received) from None
-        if w.main and hasattr(built.task, "save_predictions"):  # e.g. SQuAD's answers
+        if w.main:  # e.g. SQuAD's answers; a task without predictions writes nothing
             built.task.save_predictions(run.path)
 
     if not w.main:
-        return {}
+        return None
 
     # epochs actually run (fractional under max_steps): the report's time per epoch
     epochs = steps / math.ceil(len(loader) / t_cfg.grad_accum)
-    summary = write_outputs(built, run, results, train_seconds, epochs,
-                            _metrics_at_start(run) if t_cfg.eval_at_start else None)
-    summary["data"] = data.info  # split sizes and sources: what T was computed from
-    summary["checkpoint_bytes"] = pos.checkpoint_bytes
+    summary = write_outputs(built, run, results, train_seconds, epochs, pos.checkpoint_bytes)
+    summary.precision = precision_record(built, stepper)
+    if t_cfg.eval_at_start:
+        summary.metrics_at_start = _metrics_at_start(run)
     return summary
-
-
-def _scores(metrics: dict[str, float]) -> str:
-    return "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
 
 
 def _metrics_at_start(run: RunDir) -> dict[str, dict[str, float]] | None:
@@ -316,6 +346,15 @@ def _metrics_at_start(run: RunDir) -> dict[str, dict[str, float]] | None:
     return found or None
 
 
+def precision_record(built: Built, stepper: Stepper) -> dict[str, Any]:
+    """What ran, for summary.json: the autocast precision ``train.precision`` resolved to
+    on this machine, the frozen base's dtype, whether fp16 loss scaling was on, and how many
+    steps it skipped (all attempts)."""
+    return {"autocast": built.precision,
+            "base_dtype": dtype_name(built.base_dtype),
+            "loss_scaling": stepper.scaler.is_enabled(), "skipped_steps": stepper.skipped}
+
+
 def _heartbeat(run: RunDir | Silent, w: World):
     from ..rundir.owner import Heartbeat
 
@@ -323,15 +362,18 @@ def _heartbeat(run: RunDir | Silent, w: World):
 
 
 def _train_row(step: int, loss: float, log: StepLog,
-               reg: torch.Tensor | None, stepper: Stepper) -> dict[str, Any]:
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"loss became {loss} at step {step}; likely causes: "
-                                 + stepper.nonfinite_causes())
-    row: dict[str, Any] = {"step": step, "loss": round(loss, 6), "lr": log.lr}
+               reg: torch.Tensor | None) -> dict[str, Any]:
+    """One training row of metrics.jsonl; a non-finite loss (a step the fp16 loss scaler
+    skipped: without it the step raised first) is written as null, and such a step says
+    ``"skipped": true``."""
+    row: dict[str, Any] = {"step": step, "loss": round(loss, 6) if math.isfinite(loss)
+                           else None, "lr": log.lr}
     if log.budget is not None:
         row["budget"] = log.budget
     if reg is not None:
         row["orth_reg"] = round(float(reg.detach()), 6)
+    if log.skipped:
+        row["skipped"] = True
     return row
 
 
@@ -361,14 +403,15 @@ def _size(path: Path) -> int:
 
 
 def _save(run: RunDir, built: Built, stepper: Stepper, generator: torch.Generator,
-          pos: ckpt.Position, rngs: list[dict], before_eval: tuple[list, dict] | None = None
-          ) -> Path:
+          pos: ckpt.Position, rngs: list[dict], dataset: dict[str, Any],
+          before_eval: tuple[list, dict] | None = None) -> Path:
     """``before_eval``: the RNG states and stream sizes from before an evaluation that a
     stop signal cut short; saved instead of the current ones, with the evaluation pending."""
     rngs, streams = before_eval if before_eval else (rngs, run.stream_sizes())
     state = {**ckpt.state_of(stepper, generator, pos, rngs, streams,
                              eval_pending=before_eval is not None),
-             **ckpt.config_record(built.cfg)}  # a resume under another config is refused
+             **ckpt.config_record(built.cfg),  # a resume under another config is refused
+             DATA_KEY: dataset}  # ... and so is one on other data
     return ckpt.save_checkpoint(run.path, pos.step, trained_state(built.model, built.handle),
                                 state, keep=built.cfg.train.keep_checkpoints)
 
@@ -385,7 +428,7 @@ def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir, w: World
     pos = ckpt.restore(state, stepper, w.rank)
     lost = run.truncate_streams(state["streams"])
     if lost:  # a log shorter than its checkpoint: cut to whole rows, said, never padded
-        warn(lost)
+        warning(lost)
         run.record_resume({}, lost)
     pos.checkpoint_bytes = _size(path)
     return pos

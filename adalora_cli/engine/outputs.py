@@ -19,15 +19,19 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..config import RunConfig
+from ..errors import writing
 from ..methods.base import MethodHandle, head_parameters
 from ..methods.registry import config_digest, method_spec
 from ..rundir.layout import ALLOCATOR_STATE, FULL_MODEL, HEATMAP, RANK_PATTERN, WEIGHTS
 from ..rundir.run import RunDir, follow_umask
-from ..rundir.summary import Summary
-from ..tasks.columns import task_report
+from ..rundir.summary import ExportFacts, Summary
 
 if TYPE_CHECKING:
     from .build import Built
+
+
+RESUME = "resume the run"
+"""What to do about a full disk once there is room: the checkpoint at T is still there."""
 
 
 def trained_state(model: nn.Module, handle: MethodHandle) -> dict[str, torch.Tensor]:
@@ -45,21 +49,25 @@ def save_weights(model: nn.Module, handle: MethodHandle, cfg: RunConfig, out: Pa
                  tokenizer: Any = None) -> dict[str, Any]:
     """Write the weights into the run directory; returns what was written for the summary."""
     written: dict[str, Any] = {}
+    # a failed write (a full disk) names the file: the libraries' own errors do not
     if method_spec(cfg.method.name).saves_whole_model:
-        model.save_pretrained(out / FULL_MODEL, safe_serialization=True)
-        if tokenizer is not None:  # so model/ loads on its own, like any checkpoint
-            tokenizer.save_pretrained(out / FULL_MODEL)
+        with writing(out / FULL_MODEL, then=RESUME, library=True):
+            model.save_pretrained(out / FULL_MODEL, safe_serialization=True)
+            if tokenizer is not None:  # so model/ loads on its own, like any checkpoint
+                tokenizer.save_pretrained(out / FULL_MODEL)
         follow_umask(out / FULL_MODEL)
         written["model_dir"] = FULL_MODEL
     else:
         state = trained_state(model, handle)
-        save_file(state, str(out / WEIGHTS), metadata={"method": cfg.method.name})
+        with writing(out / WEIGHTS, then=RESUME, library=True):
+            save_file(state, str(out / WEIGHTS), metadata={"method": cfg.method.name})
         follow_umask(out / WEIGHTS)  # safetensors writes 0600: a collaborator could not read
         written["file"] = WEIGHTS
         written["tensors"] = len(state)
     allocator = handle.allocator
     if allocator is not None:
-        torch.save(allocator.state_dict(), out / ALLOCATOR_STATE)
+        with writing(out / ALLOCATOR_STATE, then=RESUME, library=True):
+            torch.save(allocator.state_dict(), out / ALLOCATOR_STATE)
         written["allocator_state"] = ALLOCATOR_STATE
     return written
 
@@ -72,23 +80,21 @@ def head_modules(model: nn.Module) -> list[str]:
 
 
 def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle,
-                 base_gguf: dict[str, Any] | None = None) -> dict[str, Any]:
+                 base_gguf: dict[str, Any] | None = None) -> ExportFacts:
     """What an export needs to know about a run, recorded when it finishes; a GGUF base
     adds ``base_gguf`` (its file, sha256 and size), since its name alone does not say which
     weights it holds."""
     section = method_spec(cfg.method.name).section  # BitFit and full have none
-    facts = {
-        "base_model": cfg.model.name_or_path,
-        "revision": getattr(getattr(model, "config", None), "_commit_hash", None),
-        "model_class": type(model).__name__,
-        "model_type": getattr(getattr(model, "config", None), "model_type", None),
-        "target_modules": [path for path, _ in handle.layers],
-        "head_modules": head_modules(model),
-        "hyperparameters": dataclasses.asdict(getattr(cfg, section)) if section else {},
-    }
-    if base_gguf is not None:
-        facts["base_gguf"] = base_gguf
-    return facts
+    return ExportFacts(
+        base_model=cfg.model.name_or_path,
+        revision=getattr(getattr(model, "config", None), "_commit_hash", None),
+        model_class=type(model).__name__,
+        model_type=getattr(getattr(model, "config", None), "model_type", None),
+        target_modules=[path for path, _ in handle.layers],
+        head_modules=head_modules(model),
+        hyperparameters=dataclasses.asdict(getattr(cfg, section)) if section else {},
+        base_gguf=base_gguf,
+    )
 
 
 def _peak_memory(device: torch.device) -> int:
@@ -99,9 +105,9 @@ def _peak_memory(device: torch.device) -> int:
 
 
 def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
-                  epochs: float, metrics_at_start: dict | None = None) -> dict[str, Any]:
-    """Write a finished run's outputs (rank pattern, heatmap, weights); return the summary
-    as the dict of a :class:`~adalora_cli.rundir.summary.Summary` (the loop adds to it)."""
+                  epochs: float, checkpoint_bytes: int | None) -> Summary:
+    """Write a finished run's outputs (rank pattern, heatmap, weights); return its summary,
+    for the run directory to write last."""
     cfg, handle = built.cfg, built.handle
     status = RunDir.read_status(run.path) or {}
     summary = Summary(
@@ -114,7 +120,6 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
         n_matrices=handle.n_matrices,
         total_steps=built.steps,
         metrics=results,
-        metrics_at_start=metrics_at_start,
         train_seconds=round(train_seconds, 2),
         peak_memory_bytes=_peak_memory(built.device),
         device=str(built.device),
@@ -123,9 +128,12 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
         attempts=int(status.get("attempt", 1)),
         size=method_spec(cfg.method.name).size_label(cfg, cfg.sweep.budget_level),
         config_digest=config_digest(cfg),
-        report=task_report(cfg.task.name, results),
+        report=built.task.report(results),
         # base model (a GGUF file with its hash), targets, hyperparameters
         export=export_facts(cfg, built.model, handle, built.base_gguf),
+        data=built.data.info,  # split sizes and sources: what T was computed from
+        checkpoint_bytes=checkpoint_bytes,
+        trainable_params=sum(p.numel() for p in handle.trainable),
     )
     allocator = handle.allocator
     if allocator is not None:
@@ -133,11 +141,13 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
         run.write_json(RANK_PATTERN, pattern)
         summary.final_adapter_params = allocator.final_adapter_params()
         summary.final_budget = sum(pattern.values())
+        summary.final_mean_rank = round(summary.final_budget / handle.n_matrices, 4)
         from ..heatmap import plot_rank_heatmap  # matplotlib: only when a heatmap is drawn
 
-        plot_rank_heatmap(pattern, run.path / HEATMAP,
-                          title=f"{cfg.task.name} {cfg.method.name}: final ranks "
-                                f"(budget {sum(pattern.values())})")
+        with writing(run.path / HEATMAP, then=RESUME, library=True):
+            plot_rank_heatmap(pattern, run.path / HEATMAP,
+                              title=f"{cfg.task.name} {cfg.method.name}: final ranks "
+                                    f"(budget {sum(pattern.values())})")
     if cfg.train.save_weights:
         summary.weights = save_weights(built.model, handle, cfg, run.path, built.tokenizer)
-    return summary.to_dict()
+    return summary

@@ -23,14 +23,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..errors import Preempted
+
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 _FIRST_CTRL_C = (b"note: stopping at the next step boundary with a checkpoint; press Ctrl-C "
                  b"again to stop at once without one\n")
-
-
-class Preempted(Exception):
-    """The process was asked to stop (SIGTERM, SIGUSR1 or Ctrl-C)."""
 
 
 class StopSignals:

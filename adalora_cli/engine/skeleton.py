@@ -7,45 +7,36 @@ PyTorch's ``meta`` device from its config: every module exists with its shapes, 
 has storage, and no weight file is opened. A login node without the model cache, or a
 machine offline with only the config, can plan and submit; the jobs load the weights.
 
-The head class is the one the task family builds (paths from the model root must match
-``method.target_modules`` exactly as in training), and a BERT checkpoint under a
-summarization task becomes the BART it is warm-started into.
+The task builds the skeleton (``Task.skeleton``): the head class it trains (paths from the
+model root must match ``method.target_modules`` exactly as in training), and a BERT
+checkpoint under a summarization task becomes the BART it is warm-started into.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..config import ConfigError, RunConfig
+from ..errors import first_line
 from ..methods.inject import resolve_targets
-from ..tasks import TASKS
+from ..tasks import TASKS, get_task
 from ..tasks.pretrained import load_config
-
-_HEADS = {
-    "glue": "AutoModelForSequenceClassification",
-    "rotten_tomatoes": "AutoModelForSequenceClassification",
-    "bbc_topic": "AutoModelForSequenceClassification",
-    "squad": "AutoModelForQuestionAnswering",
-    "summarization": "AutoModelForSeq2SeqLM",
-    "causal_lm": "AutoModelForCausalLM",
-    "bbc_topic_chat": "AutoModelForCausalLM",
-}
-"""Task family module -> the transformers auto class its ``build_model`` loads."""
 
 
 def read_model_config(path: str) -> Any:
     """The checkpoint's ``config.json`` (local folder, or the hub cache), or a GGUF file's
     metadata; nothing else."""
+    from .build import check_model_folder
+
+    check_model_folder(path)
     try:
         return load_config(path)
     except ConfigError:  # said already (a GGUF file without the gguf extra)
         raise
     except (OSError, ValueError) as err:  # no folder, no config.json, not in the cache
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        first = first_line(err)[:200]
         raise ConfigError(f"could not read the config of model {path!r} ({first}); set "
                           "model.name_or_path to a folder holding config.json, or a hub id "
                           "whose config is cached") from None
@@ -62,20 +53,8 @@ def task_family(task_name: str) -> str:
 
 def model_skeleton(cfg: RunConfig) -> nn.Module:
     """The task's model for ``cfg`` on the meta device (``cfg``'s paths already resolved)."""
-    import transformers
-
-    family = task_family(cfg.task.name)
-    config = read_model_config(cfg.model.name_or_path)
-    if family == "summarization" and config.model_type == "bert":
-        from ..tasks.warm_start import bart_config_from_bert
-
-        # The special-token ids only fill config fields; they shape no module, so no
-        # tokenizer file is read for them.
-        ids = SimpleNamespace(cls_token_id=0, sep_token_id=1, pad_token_id=2)
-        config = bart_config_from_bert(config, ids)
-    auto = getattr(transformers, _HEADS[family])
-    with torch.device("meta"):
-        return auto.from_config(config)
+    task = get_task(cfg)  # an unknown task.name is a one-line error before any file is read
+    return task.skeleton(read_model_config(cfg.model.name_or_path))
 
 
 def count_adapted(cfg: RunConfig) -> int:

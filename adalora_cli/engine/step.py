@@ -4,11 +4,19 @@ it with :meth:`Stepper.build`, so the optimizer, scheduler and scaler they time 
 Order inside a step follows docs/maths.md#masking (the authors' code): backward on every
 micro-batch -> unscale -> clip -> optimizer.step -> lr step -> method.after_step(t) (AdaLoRA
 scores and masks) -> zero_grad. ``t`` counts optimizer steps from 1, after accumulation.
+
+Under fp16 loss scaling a step whose loss or gradients are not finite is skipped, as the
+GradScaler skips it: no optimizer update and nothing fed into AdaLoRA's importance averages,
+while ``t`` and both schedules move on; :data:`MAX_SKIPPED` such steps in a row end the run
+(docs/training.md#precision). Without loss scaling a non-finite loss ends the run at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +26,16 @@ import torch
 from ..config import TrainConfig
 from ..methods.allocator import StepReport
 from ..methods.base import MethodHandle
-from .build import autocast_factory
+from .build import autocast_factory, resolve_precision
 from .schedule import linear_schedule
+
+MAX_SKIPPED = 20
+"""Consecutive steps the fp16 loss scaler may skip before the run stops. Each skip halves
+the scale: GradScaler starts at 2**16, and a run whose gradients fit fp16 at all finds its
+scale within the first dozen or so skips (a scale of 1 is 16 halvings down), later skips
+come one at a time after a growth. Twenty in a row means the scale fell a millionfold below
+one that worked: the loss or the weights are NaN, or the model overflows fp16 at any
+scale, and no further step will succeed."""
 
 
 @dataclass(frozen=True)
@@ -33,13 +49,16 @@ class StepLog:
     Appendix A, docs/maths.md); None for other methods."""
     ranks: dict[str, int] | None = None
     """Every adapted matrix's rank, when the step changed the mask (a mask event)."""
+    skipped: bool = False
+    """The fp16 loss scaler skipped this step (a non-finite loss or gradient): the weights
+    and the importance averages are those of the step before."""
 
     @classmethod
-    def of(cls, lr: float, report: StepReport | None) -> StepLog:
+    def of(cls, lr: float, report: StepReport | None, skipped: bool = False) -> StepLog:
         """From what a method's ``after_step`` returned (None: nothing to report)."""
         if report is None:
-            return cls(lr)
-        return cls(lr, int(report.budget), report.ranks)
+            return cls(lr, skipped=skipped)
+        return cls(lr, int(report.budget), report.ranks, skipped)
 
 
 @dataclass
@@ -54,6 +73,12 @@ class Stepper:
     grad_accum: int = 1
     max_grad_norm: float = 1.0
     autocast: Callable[[], Any] = contextlib.nullcontext
+    precision: str = "fp32"
+    """The autocast precision that runs: fp32, bf16 or fp16 (build.resolve_precision)."""
+    skipped: int = 0
+    """Steps the fp16 loss scaler skipped so far (checkpointed, summed over attempts)."""
+    skip_run: int = 0
+    """How many of them came last, in a row (checkpointed too)."""
 
     @classmethod
     def build(cls, model: torch.nn.Module, handle: MethodHandle, train: TrainConfig,
@@ -66,9 +91,10 @@ class Stepper:
                                       weight_decay=train.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, linear_schedule(train.warmup_steps, steps))
-        scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype is torch.float16)
+        scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype is torch.float16)
         return cls(model, handle, optimizer, scheduler, scaler, grad_accum=train.grad_accum,
-                   max_grad_norm=train.max_grad_norm, autocast=autocast)
+                   max_grad_norm=train.max_grad_norm, autocast=autocast,
+                   precision=resolve_precision(train.precision, device))
 
     def backward(self, batch: dict[str, torch.Tensor], weight: float = 1.0,
                  regularize: bool = True) -> tuple[float, torch.Tensor | None]:
@@ -117,20 +143,67 @@ class Stepper:
         causes.append(f"train.learning_rate={learning_rate:g} is too high (lower it)")
         return "; ".join(causes)
 
-    def update(self, t: int) -> StepLog:
-        """Apply the accumulated gradients as optimizer step ``t`` (from 1)."""
+    def update(self, t: int, loss: float | None = None) -> StepLog:
+        """Apply the accumulated gradients as optimizer step ``t`` (from 1).
+
+        ``loss`` is the step's mean loss (None: not checked). Not finite, it ends the run at
+        once without loss scaling; under fp16 loss scaling it skips the step, as a
+        non-finite gradient does, and only :data:`MAX_SKIPPED` skips in a row end the run."""
+        finite = loss is None or math.isfinite(loss)
+        if not finite and not self.scaler.is_enabled():
+            raise FloatingPointError(f"loss became {loss} at step {t}; likely causes: "
+                                     + self.nonfinite_causes())
         opt = self.optimizer
-        if self.scaler.is_enabled():
-            # Unscale always, not only to clip: the allocator's |w * grad| (Eq. 8) must see
-            # true gradients, not ones multiplied by a moving loss scale.
-            self.scaler.unscale_(opt)
+        lr = opt.param_groups[0]["lr"]  # the rate this step used
+        skipped = self._optimizer_step(finite)
+        with warnings.catch_warnings():
+            # a skipped first step means the scheduler moves before any optimizer.step();
+            # on purpose: t, and so the lr and budget schedules, count every step
+            warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"))
+            self.scheduler.step()
+        after = self.handle.after_step
+        report = None
+        if after is not None:
+            # a skipped step's gradients are not finite: the allocator's importance
+            # averages (Eqs. 8-10) skip it too, its schedule and mask events still follow t
+            report = after(t, scored=False) if skipped else after(t)
+        opt.zero_grad(set_to_none=True)
+        self._count(t, skipped, loss)
+        return StepLog.of(lr, report, skipped)
+
+    def _optimizer_step(self, finite_loss: bool) -> bool:
+        """Unscale, clip and step (the scaler skips the step itself when a gradient is not
+        finite); returns whether the step was skipped."""
+        opt, scaler = self.optimizer, self.scaler
+        if not scaler.is_enabled():
+            if self.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.handle.trainable, self.max_grad_norm)
+            opt.step()
+            return False
+        # Unscale always, not only to clip: the allocator's |w * grad| (Eq. 8) must see
+        # true gradients, not ones multiplied by a moving loss scale.
+        scaler.unscale_(opt)
+        scale = scaler.get_scale()
+        if not finite_loss:  # finite gradients under a non-finite loss: skip it all the same
+            scaler.update(scale * scaler.get_backoff_factor())
+            return True
         if self.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.handle.trainable, self.max_grad_norm)
-        lr = opt.param_groups[0]["lr"]  # the rate this step used
-        self.scaler.step(opt)
-        self.scaler.update()
-        self.scheduler.step()
-        after = self.handle.after_step
-        log = StepLog.of(lr, after(t)) if after is not None else StepLog(lr)
-        opt.zero_grad(set_to_none=True)
-        return log
+        scaler.step(opt)
+        scaler.update()  # backs the scale off exactly when it skipped the step
+        return scaler.get_scale() < scale
+
+    def _count(self, t: int, skipped: bool, loss: float | None) -> None:
+        """Count a skipped step; :data:`MAX_SKIPPED` in a row end the run."""
+        if not skipped:
+            self.skip_run = 0
+            return
+        self.skipped += 1
+        self.skip_run += 1
+        if self.skip_run >= MAX_SKIPPED:
+            last = "" if loss is None else f", last loss {loss:g}"
+            raise FloatingPointError(
+                f"the fp16 loss scaler skipped {self.skip_run} steps in a row (steps "
+                f"{t - self.skip_run + 1}-{t}{last}), each with a non-finite loss or gradient, "
+                f"and the loss scale fell to {self.scaler.get_scale():g}; likely causes: "
+                + self.nonfinite_causes())

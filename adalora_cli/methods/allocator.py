@@ -19,7 +19,7 @@ The state lives on the parameters' device and follows them if the model is moved
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -68,7 +68,9 @@ def check_schedule(b0: int, bT: int, t_init: int, t_final: int, T: int | None) -
     if T is not None and t_init + t_final >= T:
         raise ConfigError(
             f"rank schedule does not fit: adalora.t_init={t_init} + adalora.t_final={t_final} "
-            f"= {t_init + t_final} >= T={T} optimizer steps; shorten them or train longer"
+            f"= {t_init + t_final} >= T={T} optimizer steps; shorten them, or train longer: "
+            f"set train.max_steps above {t_init + t_final} (T then no longer depends on the "
+            "data size), or more train.epochs"
         )
 
 
@@ -104,6 +106,9 @@ class RankAllocator:
         self.U_bar = torch.zeros(n_entries, **kw)  # Eq. 10
         self.mask = torch.ones(self.b0, **kw)  # 1 = triplet kept
         self.frozen = False  # True once the final-phase pattern is fixed
+        self.agree: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Makes a newly chosen keep-mask the same on every process of a distributed run
+        (the engine sets it: rank 0's choice, broadcast); None on one process."""
         self._views = self._mask_views()
         self._I_views, self._scratch = self._score_buffers()
 
@@ -209,8 +214,9 @@ class RankAllocator:
         else:
             prods = torch._foreach_mul(self.params, grads)
             self.I.copy_(torch.cat([x.reshape(-1) for x in prods]).float().abs_())  # Eq. 8
-        # An fp16 step that GradScaler skipped leaves inf/NaN grads: such an entry carries no
-        # information this step, and one inf would otherwise stay in its EMA for good.
+        # A step the fp16 loss scaler skipped never gets here (scored=False). Without loss
+        # scaling a non-finite gradient is still possible under a finite loss: such an entry
+        # carries no information this step, and one inf would otherwise stay in its EMA.
         self.I.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         self.I_bar.mul_(self.beta1).add_(self.I, alpha=1 - self.beta1)  # Eq. 9
         # Eq. 10 uses the I_bar just updated, as the authors' code does.
@@ -240,19 +246,25 @@ class RankAllocator:
         order = torch.argsort(S, descending=True, stable=True)
         keep = torch.zeros_like(self.mask)
         keep[order[:b]] = 1.0
+        if self.agree is not None:  # ranks' scores may differ in their last bits
+            keep = self.agree(keep)
         self.mask.copy_(keep)  # in place, so the precomputed views stay valid
 
     def _apply_mask(self) -> None:
         torch._foreach_mul_([t for t, *_ in self._targets], self._views)
 
     @torch.no_grad()
-    def step(self, t: int) -> StepReport:
-        """Call after ``optimizer.step()`` and before ``zero_grad()`` with step t (from 1)."""
+    def step(self, t: int, scored: bool = True) -> StepReport:
+        """Call after ``optimizer.step()`` and before ``zero_grad()`` with step t (from 1).
+
+        ``scored=False``: the loss scaler skipped this step (its gradients are not finite),
+        so the importance averages are left exactly as they were (docs/maths.md#masking);
+        ``t`` still counts it, and a mask event due at ``t`` uses the averages so far."""
         self._sync_device()
         b_t = budget_schedule(t, self.b0, self.bT, self.t_init, self.t_final, self.T)
         ranks = None
         last_scored = self.T - self.t_final
-        if t <= last_scored:  # also during warm-up, as the authors' code does
+        if scored and t <= last_scored:  # also during warm-up, as the authors' code does
             self._update_scores()
         if t > last_scored:  # final phase: pattern fixed at bT, re-applied every step
             if not self.frozen:

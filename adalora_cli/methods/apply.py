@@ -48,7 +48,7 @@ def _low_rank(model: nn.Module, cfg: RunConfig, total_steps: int | None, *, rank
     paths = resolve_targets(model, cfg.method.target_modules)
     _check_rank(model, paths, rank, rank_key)
     pruning = prune and total_steps is not None
-    a = cfg.adalora
+    a = cfg.adalora.resolved(len(paths))  # b(T) for these n matrices
     if pruning:  # reject an impossible schedule before touching the model
         check_schedule(len(paths) * rank, a.budget, a.t_init, a.t_final, total_steps)
     layers = replace_linears(model, paths, wrap)

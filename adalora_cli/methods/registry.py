@@ -11,17 +11,14 @@ model is actually built.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import importlib
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from ..config import RESUMABLE_KEYS, ConfigError, RunConfig
+from ..config import RESUMABLE_KEYS, ConfigError, RunConfig, digest, flatten
 
 # --------------------------------------------------------------------------- budget matching
 
@@ -187,21 +184,14 @@ def comparable_config(cfg: RunConfig) -> dict[str, Any]:
     method_keys = {s.section for s in METHODS.values() if s.section} | {
         "method.target_modules"}
     out: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else k, v)
-            return
-        if prefix.startswith(NOT_IDENTITY):
-            return
-        owner = "method.target_modules" if prefix == "method.target_modules" else (
-            prefix.split(".", 1)[0])
+    for key, value in flatten(cfg.to_dict()).items():
+        if key.startswith(NOT_IDENTITY):
+            continue
+        owner = "method.target_modules" if key == "method.target_modules" else (
+            key.split(".", 1)[0])
         if reads is not None and owner in method_keys and owner not in reads:
-            return
-        out[prefix] = value
-
-    walk("", dataclasses.asdict(cfg))
+            continue
+        out[key] = value
     if cfg.train.max_steps is not None:
         out.pop("train.epochs", None)  # T = max_steps: epochs is not read
     return out
@@ -209,5 +199,4 @@ def comparable_config(cfg: RunConfig) -> dict[str, Any]:
 
 def config_digest(cfg: RunConfig) -> str:
     """sha256 of :func:`comparable_config`: equal digests are seeds of one experiment."""
-    text = json.dumps(comparable_config(cfg), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return digest(comparable_config(cfg))

@@ -3,11 +3,17 @@ directories, then print the tables and write the requested files and figures."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 
 from ..config import ConfigError
+from ..errors import warning, write_failed
 
 
 def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool,
@@ -43,13 +49,14 @@ def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool
 
 
 def _warn(err: Console, text: str) -> None:
-    err.print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+    warning(text, err.file)
 
 
 def emit(result, formats: list[str], out_dir: Path | None, figures: bool, out: Console,
          err: Console) -> None:
     """Rich tables on ``out``; the text formats on stdout, or as files into ``out_dir``
-    (with the figures), listed on ``err``."""
+    (with the figures), listed on ``err``. Written to files, the report is still shown:
+    the first text format asked for goes to stdout too, unless the rich tables did."""
     from . import render
 
     texts = {"markdown": ("report.md", render.render_markdown),
@@ -57,28 +64,74 @@ def emit(result, formats: list[str], out_dir: Path | None, figures: bool, out: C
              "csv": ("results.csv", render.render_csv)}
     if "rich" in formats:
         render.render_rich(result, out)
-    written = []
+    files: dict[str, str] = {}
+    shown = False
     for name in formats:
         if name == "rich":
             continue
         filename, fn = texts[name]
-        if out_dir is None:
+        if out_dir is None or (not shown and "rich" not in formats):
             print(fn(result))
-            continue
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / filename).write_text(fn(result))
-        written.append(out_dir / filename)
+            shown = True
+            if out_dir is None:
+                continue
+        files[filename] = fn(result)
         if name == "csv":
-            (out_dir / "training_cost.csv").write_text(render.render_cost_csv(result))
-            written.append(out_dir / "training_cost.csv")
-    if out_dir is not None and figures:
-        from .figures import write_figures
-
-        pngs, warnings = write_figures(result, out_dir / "figures")
-        for w in warnings:
-            _warn(err, w)
-        written += pngs
+            files["training_cost.csv"] = render.render_cost_csv(result)
+    if out_dir is None or not (files or figures):
+        return
+    written = write_files(out_dir, files, result if figures else None, err)
     if written:
         err.print(f"{len(result.runs)} runs; wrote {len(written)} files to {out_dir}: "
                   + ", ".join(str(p.relative_to(out_dir)) for p in written),
                   highlight=False, soft_wrap=True)
+
+
+def write_files(out_dir: Path, texts: dict[str, str], figures_of, err: Console) -> list[Path]:
+    """Write ``texts`` ({file name: text}) and, given a report, its figures into ``out_dir``.
+
+    Everything is written into a hidden folder inside ``out_dir`` first and renamed into
+    place only when all of it was written, so a full disk leaves the folder as it was (an
+    earlier report included), never a truncated report.md or an empty PNG; the error names
+    the file that could not be written."""
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".report.partial-", dir=out_dir))
+    published = False
+    try:
+        made: list[Path] = []
+        for filename, text in texts.items():
+            with _naming(out_dir, staging, staging / filename):
+                (staging / filename).write_text(text)
+            made.append(staging / filename)
+        if figures_of is not None:
+            from .figures import write_figures
+
+            with _naming(out_dir, staging, staging / "figures"):
+                pngs, warnings = write_figures(figures_of, staging / "figures")
+            for w in warnings:
+                _warn(err, w)
+            made += pngs
+        final = [out_dir / p.relative_to(staging) for p in made]
+        for src, dest in zip(made, final):  # renames: they need no space
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dest)
+        published = True
+        return final
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and not published and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # made for this report, which failed: not left behind empty
+
+
+@contextmanager
+def _naming(out_dir: Path, staging: Path, path: Path) -> Iterator[None]:
+    """Say a failed write as the file it was for (its final name) and the system's reason;
+    a figure names its own file (the one being written when the error came)."""
+    try:
+        yield
+    except OSError as err:
+        where = Path(err.filename) if err.filename else path
+        if staging in where.parents or where == staging:
+            where = out_dir / where.relative_to(staging)
+        raise write_failed(where, err) from None

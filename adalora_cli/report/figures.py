@@ -39,8 +39,11 @@ def _plt():
 
 
 def _slug(*parts: object) -> str:
-    text = "_".join(str(p) for p in parts if p not in (None, ""))
-    return re.sub(r"[^A-Za-z0-9.=-]+", "-", text).strip("-")
+    """A file name from a figure's parts, joined by '-': ``rte-adalora-b144``,
+    ``causal_lm-adalora-r0=4-bT=28`` (task names keep their underscores; b(T) is bT)."""
+    text = "-".join(str(p).replace("(", "").replace(")", "") for p in parts
+                     if p not in (None, ""))
+    return re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-")
 
 
 def _setting(run: Run) -> tuple:
@@ -59,8 +62,9 @@ def _setting_name(method: str, level: int | None, size: str,
 
 
 def mean_rank_pattern(patterns: list[dict[str, float]]) -> dict[str, float]:
-    """Per matrix, the mean final rank over the seeds whose pattern has that matrix."""
-    keys = sorted({k for p in patterns for k in p})
+    """Per matrix, the mean final rank over the seeds whose pattern has that matrix, in the
+    patterns' order (the model's, which the heatmap's rows follow)."""
+    keys = list(dict.fromkeys(k for p in patterns for k in p))
     return {k: statistics.fmean(p[k] for p in patterns if k in p) for k in keys}
 
 
@@ -149,12 +153,17 @@ def budget_curves(tables: list[Table], out: Path) -> list[Path]:
                     ax.xaxis.set_minor_formatter(NullFormatter())
                 ax.xaxis.set_major_formatter(FuncFormatter(_short_params))
                 ax.set_xlabel("# Params (adapter; AdaLoRA after pruning)")
-                ax.set_ylabel(f"{col.title} {col.label}")
+                better = "lower" if col.lower_is_better else "higher"
+                ax.set_ylabel(f"{col.title} {col.label} ({better} is better)")
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=7)
             fig.suptitle(f"{cols[0].title}: mean ± std over seeds", fontsize=10)
             paths.append(_save(fig, out / f"fig4_budget_{_slug(task)}.png"))
     return paths
+
+
+def _plain(value: float, _pos: object = None) -> str:
+    return f"{value:g}"
 
 
 def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
@@ -170,6 +179,8 @@ def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
         if series:
             curves[run.task][_setting(run)[1:]].append(series)
     plt = _plt()
+    from matplotlib.ticker import FuncFormatter
+
     paths = []
     for task, settings in sorted(curves.items()):
         fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -181,6 +192,9 @@ def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
                           f"({_seed_words({len(runs_series)})})")
             ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
         ax.set_yscale("log")
+        # plain numbers (0.2, 0.5, 1, 2) on the log axis, not 2 x 10^-1
+        ax.yaxis.set_major_formatter(FuncFormatter(_plain))
+        ax.yaxis.set_minor_formatter(FuncFormatter(_plain))
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("orthogonality penalty R")
         ax.set_title(f"{task}: orthogonal regularizer over training", fontsize=10)
@@ -192,8 +206,12 @@ def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    _plt().close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as err:  # matplotlib's own error does not say which file (a full disk)
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+    finally:
+        _plt().close(fig)
     return path
 
 

@@ -34,6 +34,14 @@ class Out:
     signed: bool = False  # a difference: always show its sign
 
 
+LOWER = " ↓"
+"""After a column's name when its lowest mean is the best (a loss, a perplexity)."""
+
+
+def column_header(col) -> str:
+    return f"{col.title} {col.label}" + (LOWER if col.lower_is_better else "")
+
+
 def fmt_params(x: float) -> str:
     if x != x:  # nan: a run without a parameter count
         return "?"
@@ -64,7 +72,7 @@ def _grid(table: Table, show_paper: bool) -> tuple[list[str], list[tuple[str, li
     """Headers and (kind, cells) lines; kind is 'ours', 'paper' or 'diff'."""
     keys = [c.key for c in table.columns] + ([ALL_AVE] if table.has_all_ave else [])
     headers = ["Method", "# Params", "b(T)", *map(short_key, table.differs)]
-    headers += [f"{c.title} {c.label}" for c in table.columns]
+    headers += [column_header(c) for c in table.columns]
     headers += [ALL_AVE] if table.has_all_ave else []
     best = {k: table.best(k) for k in keys}
     lines = []
@@ -118,7 +126,7 @@ def _text(c: Out, style: str) -> str:
 def _comparison_grid(report: Report, table: Table) -> tuple[list[str], list[list[str]]]:
     comps = [c for c in report.comparisons if c.table is table]
     headers = ["Method", "b(T)", *map(short_key, table.differs), "vs"]
-    headers += [f"{c.title} {c.label}" for c in table.columns]
+    headers += [column_header(c) for c in table.columns]
     rows: dict[int, list[str]] = {}
     first = 3 + len(table.differs)
     for comp in comps:
@@ -166,10 +174,16 @@ def _md_table(headers: list[str], lines: list[list[str]]) -> list[str]:
     return out
 
 
+def _any_lower(report: Report) -> bool:
+    return any(c.lower_is_better for t in report.tables for c in t.columns)
+
+
 def render_markdown(report: Report) -> str:
     out = ["# Results", "",
            "Mean ± sample std (ddof = 1) over seeds, number of seeds in parentheses; "
-           "the best mean of each column in bold. # Params: adapter parameters as the paper "
+           "the best mean of each column in bold"
+           + (f" (the lowest in a column marked{LOWER})" if _any_lower(report) else "")
+           + ". # Params: adapter parameters as the paper "
            "counts them (AdaLoRA: after pruning). b(T): the budget level.", ""]
     for table in report.tables:
         headers, lines = _grid(table, report.show_paper)
@@ -188,7 +202,7 @@ def render_markdown(report: Report) -> str:
 
 def _latex_escape(s: str) -> str:
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
-                 ("#", r"\#"), ("Δ", r"$\Delta$"), ("±", r"$\pm$")):
+                 ("#", r"\#"), ("Δ", r"$\Delta$"), ("±", r"$\pm$"), ("↓", r"$\downarrow$")):
         s = s.replace(a, b)
     return s
 

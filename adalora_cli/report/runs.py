@@ -18,13 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig, load_config
+from ..config import RunConfig, flatten, load_config
+from ..config import digest as config_hash
 from ..methods.registry import METHODS, comparable_config, config_digest
-from ..rundir.layout import CONFIG, EVAL, STATUS, SUMMARY
+from ..rundir.layout import (
+    CHECKPOINTS,
+    CONFIG,
+    EVAL,
+    FULL_MODEL,
+    STATUS,
+    SUMMARY,
+    TENSORBOARD_DIR,
+    WANDB_DIR,
+)
 from ..rundir.owner import owner_alive, read_heartbeat
 from ..rundir.run import RunDir
 from ..rundir.summary import Summary, TaskReport, read_summary
-from ..tasks.columns import task_report
+from ..tasks.columns import task_report, with_directions
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,8 @@ class Column:
     task: str
     title: str
     label: str
+    lower_is_better: bool = False
+    """A loss or a perplexity: the lowest mean is the best."""
 
 
 @dataclass
@@ -72,18 +84,34 @@ class Run:
 # --------------------------------------------------------------------------- reading
 
 
+RUN_FOLDERS = {FULL_MODEL, CHECKPOINTS, EVAL, TENSORBOARD_DIR, WANDB_DIR}
+"""A run's own subfolders: never searched for runs."""
+
+
 def find_run_dirs(paths: list[Path]) -> list[Path]:
-    """Every directory holding a status.json or summary.json, at any depth; a run's own
-    subfolders (e.g. model/ of a full fine-tune) are not searched."""
+    """Every directory holding a status.json or summary.json, at any depth. Inside a run
+    directory its own subfolders (``model/`` of a full fine-tune, ``checkpoints/`` ...)
+    are not searched, but any other folder is: runs placed inside a run (a sweep started
+    in a run's directory) are found, not hidden behind it."""
     found = []
     for root in paths:
         for dirpath, dirnames, filenames in os.walk(root):
-            if STATUS in filenames or SUMMARY in filenames:
+            is_run = STATUS in filenames or SUMMARY in filenames
+            if is_run:
                 found.append(Path(dirpath))
-                dirnames[:] = []
-            else:
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
+                                 and not (is_run and d in RUN_FOLDERS))
     return sorted(found)
+
+
+def nested_runs(found: list[Path]) -> list[tuple[Path, int]]:
+    """Runs that hold other runs inside their folder, and how many: worth a warning."""
+    out = []
+    for outer in found:
+        inner = sum(1 for p in found if p != outer and outer in p.parents)
+        if inner:
+            out.append((outer, inner))
+    return out
 
 
 def column_values(task: str, report: TaskReport, metrics: dict) -> dict[Column, float | None]:
@@ -98,7 +126,8 @@ def column_values(task: str, report: TaskReport, metrics: dict) -> dict[Column, 
             found["corr"] = (found["pearson"] + found["spearman"]) / 2
         value = found.get(spec.metric)
         ok = isinstance(value, (int, float)) and math.isfinite(value)
-        out[Column(f"{task}:{spec.label}", task, report.title, spec.label)] = (
+        out[Column(f"{task}:{spec.label}", task, report.title, spec.label,
+                   bool(spec.lower_is_better))] = (
             float(value) * spec.scale if ok else None)
     return out
 
@@ -144,15 +173,6 @@ def _config(path: Path) -> tuple[RunConfig | None, dict[str, Any]]:
         return None, raw if isinstance(raw, dict) else {}
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(data, dict):
-        return {prefix: data}
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
 def load_run(path: Path, eval_name: str | None = None) -> Run | str:
     """A finished run, or the reason it is left out. ``eval_name``: show the metrics of
     ``eval/<eval_name>.json`` (written by ``adalora eval``) instead of the training's."""
@@ -182,12 +202,12 @@ def load_run(path: Path, eval_name: str | None = None) -> Run | str:
     cfg, raw = _config(path)
     level = summary.budget_level
     if level is None:  # a summary older than the field: the level the sweep put in the config
-        level = cfg.sweep.budget_level if cfg is not None else _flat(raw).get(
+        level = cfg.sweep.budget_level if cfg is not None else flatten(raw).get(
             "sweep.budget_level")
     params = (summary.final_adapter_params if summary.final_adapter_params is not None
               else summary.adapter_params)
-    report = (summary.report if summary.report is not None and eval_name is None
-              else task_report(task, summary.metrics))
+    report = with_directions(summary.report if summary.report is not None and eval_name is None
+                             else task_report(task, summary.metrics))
     values = {col.key: v for col, v in column_values(task, report, summary.metrics).items()
               if v is not None}
     if not values:
@@ -195,9 +215,9 @@ def load_run(path: Path, eval_name: str | None = None) -> Run | str:
     if cfg is not None:  # recomputed, so runs of every version compare by one definition
         identity, digest = comparable_config(cfg), config_digest(cfg)
     else:
-        identity = {k: v for k, v in _flat(raw).items() if k != "train.seed"
+        identity = {k: v for k, v in flatten(raw).items() if k != "train.seed"
                     and not k.startswith("sweep.")}
-        digest = summary.config_digest or json.dumps(identity, sort_keys=True, default=str)
+        digest = summary.config_digest or config_hash(identity)
     train = cfg.train if cfg is not None else None
     epochs = summary.epochs  # 0 for a run that took no step (method none): no time per epoch
     if epochs is None:  # a summary older than the field: the config's

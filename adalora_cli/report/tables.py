@@ -26,7 +26,7 @@ from pathlib import Path
 from ..methods.registry import METHODS
 from ..tasks.columns import REPORTS
 from .paper import ALL_AVE, TRAINING_COST, published
-from .runs import Column, Run, load_runs
+from .runs import Column, Run, load_runs, nested_runs
 
 FAMILIES = {"glue": "GLUE (paper Table 1)", "squad": "SQuAD (paper Table 2)",
             "summarization": "Summarization (paper Table 3)", "other": "Other tasks"}
@@ -38,6 +38,10 @@ SHORT_KEYS = {"train.learning_rate": "lr", "train.max_steps": "steps",
               "train.grad_accum": "accum", "train.weight_decay": "wd"}
 """Column names of config keys that tell rows apart; any other key is shown by its full
 dotted name."""
+SIZE_KEYS = frozenset({key for spec in METHODS.values()
+                       for key, _ in spec.size_keys + spec.unmatched_size_keys}
+                      | {"adalora.target_rank"})
+"""Keys a row's size already shows (in its name, or as b(T)): never a column of their own."""
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -109,11 +113,17 @@ class Table:
     and size."""
 
     def best(self, key: str) -> float | None:
-        """The highest mean of a column (every metric here is higher-is-better)."""
+        """The best mean of a column: the highest, or the lowest for a loss or a perplexity
+        (the task's columns say which, ``tasks/columns.py``)."""
         values = [r.all_ave if key == ALL_AVE else (r.cells[key].mean if key in r.cells else None)
                   for r in self.rows]
         values = [v for v in values if v is not None]
-        return max(values) if values else None
+        if not values:
+            return None
+        return min(values) if self.lower_is_better(key) else max(values)
+
+    def lower_is_better(self, key: str) -> bool:
+        return any(c.key == key and c.lower_is_better for c in self.columns)
 
 
 def _row_order(row: Row) -> tuple:
@@ -176,7 +186,8 @@ def _key_order(key: str) -> tuple:
 
 def differing_keys(runs: list[Run]) -> list[str]:
     """Config keys in which runs of one task differ, among the keys all of them have (so a
-    method's own section never counts; its size is in the row's name). Runs of one row and
+    method's own section never counts; its size is in the row's name or b(T), so the keys
+    that set it never do either). Runs of one row and
     task share their config, so these are what tell rows apart besides method and size,
     e.g. a learning rate tuned per method."""
     keys: set[str] = set()
@@ -185,6 +196,7 @@ def differing_keys(runs: list[Run]) -> list[str]:
         by_task.setdefault(run.task, []).append(run)
     for same_task in by_task.values():
         common = set.intersection(*(set(r.config) for r in same_task)) - {"method.name"}
+        common -= SIZE_KEYS  # rows at two budget levels differ in them by construction
         keys |= {k for k in common
                  if len({show_value(r.config.get(k)) for r in same_task}) > 1}
     return sorted(keys, key=_key_order)
@@ -222,12 +234,12 @@ def _task_order(runs: list[Run]) -> list[str]:
 
 def build_tables(runs: list[Run]) -> list[Table]:
     """The paper's tables from ``runs`` (already one run per seed; see :func:`dedupe_seeds`)."""
-    split = assign_variants(runs)
     tables = []
     for family, title in FAMILIES.items():
         mine = [r for r in runs if (r.family if r.family in FAMILIES else "other") == family]
         if not mine:
             continue
+        split = assign_variants(mine)  # this table's tasks only, not another table's
         task_order = _task_order(mine)
         columns: dict[str, Column] = {}
         labels: dict[str, list[str]] = {}
@@ -236,8 +248,10 @@ def build_tables(runs: list[Run]) -> list[Table]:
                 title_of = run.report.title if run.report else task
                 labels.setdefault(task, [c.label for c in run.report.columns]
                                   if run.report else [])
+                lower = {c.label for c in run.report.columns if c.lower_is_better} \
+                    if run.report else set()
                 for key in run.values:
-                    columns.setdefault(key, _column(key, title_of))
+                    columns.setdefault(key, _column(key, title_of, lower))
         cols = sorted(columns.values(), key=lambda c: (task_order.index(c.task),
                                                        _label_order(c, labels)))
         rows: dict[tuple, Row] = {}
@@ -251,16 +265,15 @@ def build_tables(runs: list[Run]) -> list[Table]:
         has_ave = family == "glue" and len(tasks) > 1
         for row in rows.values():
             row.all_ave = _all_average(row, cols, tasks) if has_ave else None
-        splitting = {k for k in split if any(r.config.get(k) is not None for r in mine)}
-        differs = sorted(splitting | set(differing_keys(mine)), key=_key_order)
+        differs = sorted(split | set(differing_keys(mine)), key=_key_order)
         tables.append(Table(family, title, cols, sorted(rows.values(), key=_row_order),
                             has_ave, has_ave and len(tasks) == 8, differs))
     return tables
 
 
-def _column(key: str, title: str) -> Column:
+def _column(key: str, title: str, lower: set[str]) -> Column:
     task, _, label = key.partition(":")
-    return Column(key, task, title, label)
+    return Column(key, task, title, label, label in lower)
 
 
 def _label_order(col: Column, labels: dict[str, list[str]]) -> int:
@@ -401,8 +414,12 @@ def keep_min_seeds(runs: list[Run], minimum: int) -> tuple[list[Run], list[str]]
 def build_report(paths: list[Path], show_paper: bool = False,
                  eval_name: str | None = None, min_seeds: int = 1) -> Report:
     runs, skipped = load_runs(paths, eval_name)
+    inside = [f"{outer} is a run directory holding {n} other run{'s' * (n != 1)} in its "
+              "folder; they are reported as runs of their own (keep a sweep's runs out of "
+              "run directories: --sweep-dir)"
+              for outer, n in nested_runs([r.path for r in runs] + [p for p, _ in skipped])]
     runs, duplicates = dedupe_seeds(runs)
     runs, left_out = keep_min_seeds(runs, min_seeds)
     tables = build_tables(runs)
     return Report(tables, compare_to_lora(tables), training_cost(runs), runs, skipped,
-                  duplicates + left_out, show_paper)
+                  inside + duplicates + left_out, show_paper)

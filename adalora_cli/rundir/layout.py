@@ -7,14 +7,19 @@ Layout (all names fixed, so reports can rely on them)::
     config.yaml         resolved config
     status.json         {"status": running|preempted|failed|finished, owner, ...}; failed
                         runs carry the error
-    heartbeat.json      a live run's last step and time, rewritten every 30 s
-    checkpoints/step-N/ the training state to resume from (kept while a run is unfinished)
+    heartbeat.json      a live run's last step and time, rewritten every 30 s; removed
+                        when the run ends (finished, preempted or failed)
+    checkpoints/step-N/ the training state to resume from (kept while a run is unfinished):
+                        trainable.safetensors and state.pt
     metrics.jsonl       one JSON object per line: training rows and eval rows
     rank_history.jsonl  AdaLoRA: per-matrix ranks at every mask event
     rank_pattern.json   AdaLoRA: {module path: final rank}
     rank_heatmap.png    AdaLoRA: final rank per layer and matrix type (paper Figure 3)
     adapter_model.safetensors   trained adapter + head (or model/ for method 'full')
     summary.json        written last: its presence means the run finished
+    allocator_state.pt  AdaLoRA: importance averages and mask (what an export keeps)
+    predictions.json    SQuAD: {id: answer} (predictions_<split>.json with several splits)
+    predictions.jsonl   summarization, causal_lm (when generating): one row per example
     eval/<name>.json    later re-scoring with adalora eval (never touches the above)
     trackers.json       with log.to: each tracker's run id, so a resumed run reattaches
     tensorboard/        with log.to=[tensorboard]: the event files
@@ -38,6 +43,21 @@ ALLOCATOR_STATE = "allocator_state.pt"
 FULL_MODEL = "model"
 HEARTBEAT = "heartbeat.json"
 CHECKPOINTS = "checkpoints"
+CHECKPOINT_TENSORS = "trainable.safetensors"
+"""In ``checkpoints/step-N/``: the trainable tensors."""
+CHECKPOINT_STATE = "state.pt"
+"""In ``checkpoints/step-N/``: optimizer, scheduler, allocator, RNGs, data order, streams."""
+PREDICTIONS = "predictions.json"
+"""SQuAD's answers, ``{id: answer}``, the format the official scripts read."""
+PREDICTIONS_JSONL = "predictions.jsonl"
+"""Summarization and causal_lm: one JSON object per evaluated example."""
+
+
+def split_predictions(split: str) -> str:
+    """SQuAD's answers when a run evaluates several splits: one file per split."""
+    return f"predictions_{split}.json"
+
+
 LOCK = ".lock"
 EVAL = "eval"
 """``adalora eval`` writes ``eval/<name>.json`` (and predictions in ``eval/<name>/``)."""
@@ -50,8 +70,13 @@ TRACKERS = "trackers.json"
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
 
-# A sweep directory: the manifest, one event per line, SLURM job records, submitit's files.
+# A sweep directory: the run directories, the manifest, one event per line, each run's
+# training output, SLURM job records and submitit's files.
 SWEEP_LOG = "sweep_log.jsonl"
+SWEEP_LOGS = "logs"
+"""``logs/<run>.log``: every attempt's output of one run, appended."""
 SWEEP_MANIFEST = "sweep.yaml"
 SLURM_RECORDS = "slurm_jobs.json"
 SUBMITIT_DIR = "slurm"
+SWEEP_FILES = (SWEEP_LOG, SWEEP_MANIFEST, SWEEP_LOGS, SLURM_RECORDS, SUBMITIT_DIR)
+"""The names of a sweep directory; every other name here belongs to a run directory."""

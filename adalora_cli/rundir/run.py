@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, RunConfig, dump_config
+from ..errors import RunBusy, WriteFailed, write_failed, writing
 from .layout import (
     CONFIG,
+    HEARTBEAT,
     HEATMAP,
     LAUNCH,
     LOCK,
@@ -34,11 +36,7 @@ from .layout import (
     SUMMARY,
     WEIGHTS,
 )
-
-
-class RunBusy(Exception):
-    """Another live process owns the run directory."""
-
+from .summary import Summary
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 """A full disk, a full quota, or the file size limit (``ulimit -f``)."""
@@ -59,6 +57,7 @@ def follow_umask(path: Path) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """``path`` replaced by ``text`` whole or not at all; a failure names ``path``."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text)
@@ -66,10 +65,10 @@ def write_text_atomic(path: Path, text: str) -> None:
     except OSError as err:
         tmp.unlink(missing_ok=True)
         if err.errno not in NO_ROOM or not path.exists():
-            raise
+            raise write_failed(path, err) from None
         # A full disk has no room for the copy, but a short status still fits over the
         # blocks of the old one: rewrite it in place rather than leave a stale status.
-        with open(path, "r+") as f:
+        with writing(path), open(path, "r+") as f:
             f.write(text)
             f.truncate()
 
@@ -140,9 +139,10 @@ class RunDir:
             try:
                 write_text_atomic(path / CONFIG, dump_config(cfg))
             except OSError as err:  # e.g. a full disk: say so in the status, then stop
-                run.fail(f"could not write {path / CONFIG}: {err.strerror or err}")
-                raise OSError(err.errno, f"could not write {path / CONFIG}: "
-                                         f"{err.strerror or err}") from None
+                failed = err if isinstance(err, WriteFailed) else write_failed(path / CONFIG,
+                                                                                err)
+                run.fail(failed.strerror)
+                raise failed from None
         return run
 
     @staticmethod
@@ -203,6 +203,7 @@ class RunDir:
             self.set_status("failed", error=error, ended=_now())
         except OSError:
             self._write_status_small({"status": "failed", "error": error[:200]})
+        self._ended()
 
     def _write_status_small(self, data: dict[str, Any]) -> None:
         """The last resort on a full disk: overwrite status.json in place, within the
@@ -220,14 +221,18 @@ class RunDir:
     def preempt(self, reason: str, step: int) -> None:
         self.close(quiet=True)
         self.set_status("preempted", reason=reason, step=step, ended=_now())
+        self._ended()
 
-    def record_resume(self, changes: dict[str, list[Any]], lost: str | None = None) -> None:
+    def record_resume(self, changes: dict[str, list[Any]], lost: str | None = None,
+                      machine: dict[str, list[Any]] | None = None) -> None:
         """Note in status.json what this attempt resumed with that the checkpoint did not:
-        allowed config changes ({key: [before, now]}) and rows a torn log lost."""
+        allowed config changes ({key: [before, now]}), rows a torn log lost, and another
+        number of processes or autocast precision ({"processes": [2, 1]})."""
         status = self.read_status(self.path) or {}
         entry: dict[str, Any] = {"attempt": status.get("attempt", 1), "time": _now()}
         if changes:
             entry["config_changes"] = changes
+        entry.update(machine or {})
         if lost:
             entry["log_rows_lost"] = lost
         if len(entry) > 2:
@@ -236,24 +241,29 @@ class RunDir:
 
     # ---------------------------------------------------------------- streams
     def log(self, row: dict[str, Any]) -> None:
-        if self._metrics is None:
-            self._metrics = open(self.path / METRICS, "a", buffering=1)
-        self._metrics.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
+        line = json.dumps(json_safe(row), allow_nan=False) + "\n"
+        # a full disk: the error names the file
+        with writing(self.path / METRICS, then="resume the run"):
+            if self._metrics is None:
+                self._metrics = open(self.path / METRICS, "a", buffering=1)
+            self._metrics.write(line)
         self._rows[METRICS] = self._rows.get(METRICS, 0) + 1
 
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None:
-        if self._ranks is None:
-            self._ranks = open(self.path / RANK_HISTORY, "a", buffering=1)
-        self._ranks.write(json.dumps({"step": step, "ranks": ranks}) + "\n")
+        with writing(self.path / RANK_HISTORY, then="resume the run"):
+            if self._ranks is None:
+                self._ranks = open(self.path / RANK_HISTORY, "a", buffering=1)
+            self._ranks.write(json.dumps({"step": step, "ranks": ranks}) + "\n")
         self._rows[RANK_HISTORY] = self._rows.get(RANK_HISTORY, 0) + 1
 
     def stream_sizes(self) -> dict[str, Any]:
         """Bytes and rows written to each stream so far, synced to disk with the checkpoint
         that records them ({name: bytes, ..., "rows": {name: rows}})."""
-        for stream in (self._metrics, self._ranks):
+        for name, stream in ((METRICS, self._metrics), (RANK_HISTORY, self._ranks)):
             if stream is not None:
-                stream.flush()
-                os.fsync(stream.fileno())  # a host crash must not leave the log shorter
+                with writing(self.path / name, then="resume the run"):
+                    stream.flush()
+                    os.fsync(stream.fileno())  # a host crash must not leave the log shorter
         sizes: dict[str, Any] = {
             name: (self.path / name).stat().st_size if (self.path / name).exists() else 0
             for name in STREAMS}
@@ -305,12 +315,14 @@ class RunDir:
     def close(self, quiet: bool = False) -> None:
         """Close the streams; ``quiet``: on the failure path, where the flush may fail
         again for the reason the run is failing (a full disk)."""
-        streams, self._metrics, self._ranks = (self._metrics, self._ranks), None, None
-        for stream in streams:
+        streams = ((METRICS, self._metrics), (RANK_HISTORY, self._ranks))
+        self._metrics = self._ranks = None
+        for name, stream in streams:
             if stream is None:
                 continue
             try:
-                stream.close()
+                with writing(self.path / name, then="resume the run"):
+                    stream.close()
             except OSError:
                 if not quiet:
                     raise
@@ -321,10 +333,19 @@ class RunDir:
         write_json_atomic(path, data)
         return path
 
-    def finish(self, summary: dict[str, Any]) -> None:
+    def finish(self, summary: Summary) -> None:
         self.close()
-        self.write_json(SUMMARY, summary)
+        self.write_json(SUMMARY, summary.to_dict())
         self.set_status("finished", ended=_now())
+        self._ended()
+
+    def _ended(self) -> None:
+        """The heartbeat says a live run's step; once status.json says how the run ended,
+        it would only be stale (a resume writes a new one)."""
+        try:
+            (self.path / HEARTBEAT).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def is_finished(path: str | Path) -> bool:

@@ -27,6 +27,9 @@ class ReportColumn:
     splits: tuple[str, ...]
     metric: str
     scale: float = 1.0
+    lower_is_better: bool | None = False
+    """True for a loss or a perplexity: the report bolds the lowest mean. None in summaries
+    written before this field (the report then asks ``adalora_cli.tasks.columns``)."""
 
 
 @dataclass(frozen=True)
@@ -49,14 +52,55 @@ class TaskReport:
         try:
             return cls(str(data["title"]), str(data["family"]), tuple(
                 ReportColumn(str(c["label"]), tuple(map(str, c["splits"])), str(c["metric"]),
-                             float(c.get("scale", 1.0))) for c in data["columns"]))
+                             float(c.get("scale", 1.0)), _direction(c.get("lower_is_better")))
+                for c in data["columns"]))
         except (TypeError, KeyError, ValueError, AttributeError):
             return None
 
 
+def _direction(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class ExportFacts:
+    """What an export needs to know about a run, recorded when it finishes (``export`` in
+    ``summary.json``), so that an export never has to guess."""
+
+    base_model: str | None = None
+    revision: str | None = None
+    """The hub commit the base came from (None for a local folder)."""
+    model_class: str | None = None
+    model_type: str | None = None
+    target_modules: list[str] = field(default_factory=list)
+    """Full module paths of the adapted matrices."""
+    head_modules: list[str] = field(default_factory=list)
+    """Top-level modules holding the task head (PEFT's ``modules_to_save``)."""
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    """The method's config section."""
+    base_gguf: dict[str, Any] | None = None
+    """A GGUF base's ``file``, ``sha256`` and ``size`` (``adalora_cli.tasks.gguf``), since
+    its path alone does not say which weights it holds; None (not written) for any other."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if out["base_gguf"] is None:
+            del out["base_gguf"]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ExportFacts:
+        """Missing keys keep their defaults; anything that is not a mapping reads as empty."""
+        if not isinstance(data, dict):
+            return cls()
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
 @dataclass
 class Summary:
-    """What ``summary.json`` holds. Written last: its presence means the run finished."""
+    """What ``summary.json`` holds, all of it: written last, its presence means the run
+    finished. The loop fills every field here; nothing is added beside the record."""
 
     task: str
     method: str
@@ -83,41 +127,54 @@ class Summary:
     (``adalora_cli.methods.registry.config_digest``)."""
     report: TaskReport | None = None
     """The task's report columns."""
-    export: dict[str, Any] = field(default_factory=dict)
+    export: ExportFacts = field(default_factory=ExportFacts)
     final_adapter_params: int | None = None
+    """AdaLoRA: the adapter parameters of the triplets kept at the end (the paper's # Params)."""
     final_budget: int | None = None
+    """AdaLoRA: b(T), the ranks kept at the end (the sum of ``rank_pattern.json``)."""
     weights: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Keys this record does not name (e.g. the loop's ``data`` and ``checkpoint_bytes``),
-    kept so that reading and writing a summary loses nothing."""
+    """What was saved: ``file`` and ``tensors`` (or ``model_dir``), ``allocator_state``."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """The task's facts about its data: split sizes and sources (what T was computed from)."""
+    checkpoint_bytes: int | None = None
+    """Size of the last checkpoint written (deleted when the run finished)."""
+    trainable_params: int | None = None
+    """Parameters the optimizer trained: adapter at its initial size plus the task head."""
+    final_mean_rank: float | None = None
+    """AdaLoRA: b(T) / n, the mean final rank of an adapted matrix."""
+    precision: dict[str, Any] = field(default_factory=dict)
+    """What ran: ``autocast`` (fp32/bf16/fp16), the frozen base's ``base_dtype``,
+    ``loss_scaling`` and ``skipped_steps`` (steps the fp16 loss scaler skipped)."""
 
-    _OPTIONAL = ("final_adapter_params", "final_budget", "weights", "metrics_at_start")
+    _OPTIONAL = ("final_adapter_params", "final_budget", "weights", "final_mean_rank",
+                 "metrics_at_start")
     """Written only when set, as before these records were typed."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "extra" or (f.name in self._OPTIONAL and value is None):
+            if f.name in self._OPTIONAL and value is None:
                 continue
-            out[f.name] = value.to_dict() if isinstance(value, TaskReport) else value
-        out.update(self.extra)
+            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else value
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
         """A record from a parsed summary.json; raises ValueError if task, method or
-        metrics are missing. Fields a summary lacks keep their defaults (None)."""
+        metrics are missing. Fields a summary lacks keep their defaults (None); keys this
+        version does not know (a newer writer's) are not read."""
         if not isinstance(data, dict):
             raise ValueError("summary.json is not a JSON object")
         if not isinstance(data.get("metrics"), dict):
             raise ValueError("summary.json has no metrics mapping")
         if not isinstance(data.get("task"), str) or not isinstance(data.get("method"), str):
             raise ValueError("summary.json lacks task or method")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        names = {f.name for f in dataclasses.fields(cls)}
         known = {k: v for k, v in data.items() if k in names}
         known["report"] = TaskReport.from_dict(data.get("report"))
-        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+        known["export"] = ExportFacts.from_dict(data.get("export"))
+        return cls(**known)
 
 
 def read_summary(run_dir: Path) -> Summary:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..config import ConfigError
-from .local import Outcome
+from .runs import Outcome
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def run_sweep(req: SweepRequest, out: Console, err: Console) -> int:
     the exit code: 1 when a run failed or was preempted (rerunning the sweep resumes it)."""
     from . import plan as sweeps
     from .launch import make_launcher
-    from .local import describe
+    from .runs import describe
 
     launcher = make_launcher(req.launcher, req.slurm, req.jobs, req.wait, req.resubmit)
     spec = sweeps.build_spec(req.source, req.budget, req.methods, req.seeds, req.overrides)
@@ -47,6 +47,7 @@ def run_sweep(req: SweepRequest, out: Console, err: Console) -> int:
     if where.exists() and not where.is_dir():
         raise ConfigError(f"--sweep-dir {where} is a file; pass a folder (it is created "
                           "if missing)")
+    check_not_a_run(where, req.sweep_dir is None)
     if req.dry_run:
         print_plan(describe(runs, where), where, out)
         return 0
@@ -64,6 +65,20 @@ def run_sweep(req: SweepRequest, out: Console, err: Console) -> int:
         print_submitted(outcomes, where, out)
         return 1 if any(o.status == "failed" for o in outcomes) else 0
     return print_outcomes(outcomes, where, out, err)
+
+
+def check_not_a_run(where: Path, default: bool) -> None:
+    """A sweep's runs go into folders inside its sweep directory: inside a run directory
+    they would hide from a report of it (which reads the run) and tangle two records."""
+    from ..rundir.layout import CONFIG, STATUS
+    from ..rundir.run import RunDir
+
+    if not ((where / CONFIG).is_file() and (where / STATUS).is_file()):
+        return
+    state = (RunDir.read_status(where) or {}).get("status", "unknown")
+    how = "the sweep's default folder, runs/<sweep name>" if default else "--sweep-dir"
+    raise ConfigError(f"{where} is a run directory, not a sweep directory (it holds a "
+                      f"{state} run; {how}); pass --sweep-dir with another folder")
 
 
 def print_plan(rows: list[dict], where: Path, out: Console) -> None:

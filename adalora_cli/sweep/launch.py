@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Protocol
 
 from ..config import ConfigError
-from .local import Outcome, execute
+from .local import execute
 from .plan import PlannedRun, SweepSpec
+from .runs import Outcome
 
 LAUNCHERS = ("local", "slurm")
 

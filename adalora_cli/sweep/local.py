@@ -12,94 +12,41 @@ Nothing is ever thrown away: re-running skips finished runs and resumes unfinish
 is checked again just before it is launched, and its training process claims the directory
 atomically, so two sweeps started on one sweep directory share the runs instead of
 training any of them twice. A sweep that is stopped (Ctrl-C, SIGTERM, or even SIGKILL)
-stops its training processes too: they checkpoint and end as ``preempted``.
+stops its training processes too: they checkpoint and end as ``preempted``. What both
+launchers share about the runs (their states, launch claims, manifest, log) is in
+:mod:`.runs`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import threads
-from ..config import load_config
-from ..errors import EXIT_BUSY, EXIT_PREEMPTED
-from ..rundir.layout import CONFIG, LAUNCH, SWEEP_LOG, SWEEP_MANIFEST
-from ..rundir.owner import PARENT_ENV, identity, launch_alive, owner_alive
-from ..rundir.run import RunDir, is_finished, locked
+from ..errors import EXIT_BUSY, EXIT_PREEMPTED, SweepStopped, warning
+from ..rundir.layout import SWEEP_LOGS
+from ..rundir.owner import PARENT_ENV
+from ..rundir.run import RunDir, is_finished
 from .plan import PlannedRun, SweepSpec
-
-
-@dataclass
-class Outcome:
-    run: PlannedRun
-    status: str
-    """'finished', 'failed', 'preempted' (stopped with a checkpoint), 'skipped' (finished
-    earlier) or 'busy' (running elsewhere)."""
-    seconds: float = 0.0
-    error: str = ""
-    job: str = ""
-    """SLURM launcher: the run's scheduler job id."""
-    source: str = ""
-    """SLURM launcher: which tool told the job's state (sacct, squeue, ...)."""
-
-
-def run_state(path: Path) -> str:
-    """'finished', 'running' (a live process owns it), 'unfinished' (resumable),
-    'empty' (a directory holding no run) or 'missing'."""
-    if is_finished(path):
-        return "finished"
-    if not path.exists():
-        return "missing"
-    if owner_alive(path)[0] or launch_alive(path):
-        return "running"
-    if not (path / CONFIG).is_file():
-        return "empty"
-    return "unfinished"
-
-
-def claim_launch(path: Path) -> str | None:
-    """Atomically take the right to start ``path``'s process: its state if taken (then
-    ``launch.json`` names this sweep until :func:`release_launch`), None if another process
-    finished it or is running it meanwhile."""
-    path.mkdir(parents=True, exist_ok=True)
-    with locked(path):
-        state = run_state(path)
-        if state in ("finished", "running"):
-            return None
-        (path / LAUNCH).write_text(json.dumps(identity()) + "\n")
-        return state
-
-
-def release_launch(path: Path) -> None:
-    """Remove this sweep's ``launch.json`` (never another sweep's)."""
-    try:
-        record = json.loads((path / LAUNCH).read_text())
-    except (OSError, ValueError):
-        return
-    if record.get("pid") == os.getpid():
-        (path / LAUNCH).unlink(missing_ok=True)
-
-
-def refresh_launches(paths: list[Path]) -> None:
-    """Touch the ``launch.json`` of runs this sweep is running: its modification time is the
-    sweep's heartbeat for other hosts while the run's own process starts up."""
-    for path in paths:
-        try:
-            os.utime(path / LAUNCH)
-        except OSError:
-            pass
+from .runs import (
+    Outcome,
+    SweepLog,
+    claim_launch,
+    clear_empty,
+    config_drift,
+    last_error,
+    refresh_launches,
+    release_launch,
+    run_state,
+    write_manifest,
+)
 
 
 def visible_gpus() -> list[str]:
@@ -119,39 +66,6 @@ def gpu_slots(jobs: int, gpus: list[str]) -> list[str | None]:
     return [gpus[i % len(gpus)] if len(gpus) > 1 else None for i in range(max(1, jobs))]
 
 
-def config_drift(run: PlannedRun, path: Path) -> bool:
-    """True when a finished run was made with a different config than the plan's now.
-
-    The stored config is loaded, not just read, so keys added to the config schema since
-    the run (at their defaults) do not count as a difference."""
-    try:
-        stored = load_config(path / CONFIG)
-        return stored != load_config(run.config, list(run.overrides))
-    except Exception:  # an unreadable config counts as different
-        return True
-
-
-class SweepLog:
-    def __init__(self, sweep_dir: Path):
-        self.path = sweep_dir / SWEEP_LOG
-
-    def event(self, run: str, event: str, **fields: object) -> None:
-        row = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "run": run, "event": event, **fields}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-
-
-def write_manifest(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path) -> None:
-    data = {"name": spec.name, "source": str(spec.source),
-            "command": " ".join(["adalora", *sys.argv[1:]]),
-            "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "runs": [{"name": r.name, "config": str(r.config), "method": r.method,
-                      "budget_level": r.budget_level, "seed": r.seed, "size": r.size,
-                      "overrides": list(r.overrides)} for r in runs]}
-    (sweep_dir / SWEEP_MANIFEST).write_text(yaml.safe_dump(data, sort_keys=False))
-
-
 def _child_env(gpu: str | None, jobs: int) -> dict[str, str]:
     env = dict(os.environ)
     env[PARENT_ENV] = str(os.getpid())  # the child stops (with a checkpoint) if we die
@@ -162,21 +76,11 @@ def _child_env(gpu: str | None, jobs: int) -> dict[str, str]:
     return env
 
 
-def _last_error(log: Path) -> str:
-    try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
-                 if line.strip()]
-    except OSError:
-        return "no log"
-    errors = [line for line in lines if line.startswith("error:")]
-    return (errors or lines or ["exited without output"])[-1][:300]
-
-
 class _Job:
     def __init__(self, run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
                  resume: bool):
         self.run, self.gpu, self.start = run, gpu, time.perf_counter()
-        self.log = sweep_dir / "logs" / f"{run.name}.log"
+        self.log = sweep_dir / SWEEP_LOGS / f"{run.name}.log"
         self.run_dir = sweep_dir / run.name
         train = [sys.executable, "-m", "adalora_cli", "train"]
         # no --quiet: off a terminal the run prints plain progress lines into its log
@@ -198,7 +102,7 @@ class _Job:
         if code == EXIT_BUSY:
             return Outcome(self.run, "busy", seconds)
         status = "preempted" if code == EXIT_PREEMPTED else "failed"
-        return Outcome(self.run, status, seconds, f"exit {code}: {_last_error(self.log)}")
+        return Outcome(self.run, status, seconds, f"exit {code}: {last_error(self.log)}")
 
 
 def _settled(run: PlannedRun, sweep_dir: Path, console: Console) -> Outcome | None:
@@ -207,24 +111,12 @@ def _settled(run: PlannedRun, sweep_dir: Path, console: Console) -> Outcome | No
     state = run_state(path)
     if state == "finished":
         if config_drift(run, path):
-            console.print(f"[yellow]warning:[/] {path} finished with a different config "
-                          "than this sweep now plans; kept it (delete it to rerun)",
-                          highlight=False, soft_wrap=True)
+            warning(f"{path} finished with a different config than this sweep now plans; "
+                    "kept it (delete it to rerun)", console.file)
         return Outcome(run, "skipped")
     if state == "running":
         return Outcome(run, "busy")
     return None
-
-
-def clear_empty(path: Path) -> None:
-    """Empty a claimed directory that holds no run (e.g. a start cut short); shared with
-    the SLURM launcher's jobs."""
-    for child in path.iterdir():
-        if child.name not in (LAUNCH, ".lock"):
-            if child.is_dir():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
 
 
 def _launch(run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
@@ -245,10 +137,6 @@ def _launch(run: PlannedRun, sweep_dir: Path, gpu: str | None, jobs: int,
     return _Job(run, sweep_dir, gpu, jobs, resume)
 
 
-class SweepStopped(Exception):
-    """The sweep got SIGTERM; its training processes were stopped with checkpoints."""
-
-
 def _stop_on_sigterm() -> None:
     def handler(signum, frame):
         raise SweepStopped("stopped by SIGTERM")
@@ -262,7 +150,7 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
             quiet: bool = False) -> list[Outcome]:
     """Run the plan; returns one outcome per planned run. Failures never stop the others."""
     console = Console(stderr=True)
-    (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (sweep_dir / SWEEP_LOGS).mkdir(parents=True, exist_ok=True)
     write_manifest(spec, runs, sweep_dir)
     log = SweepLog(sweep_dir)
     todo, outcomes = [], []
@@ -274,8 +162,8 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
             outcomes.append(settled)
             log.event(run.name, settled.status)
             if settled.status == "busy":
-                console.print(f"[yellow]warning:[/] {sweep_dir / run.name} is being run by "
-                              "another process; left alone", highlight=False, soft_wrap=True)
+                warning(f"{sweep_dir / run.name} is being run by another process; left alone",
+                        console.file)
     slots = gpu_slots(jobs, visible_gpus())
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
@@ -349,25 +237,3 @@ def _stop_jobs(running: dict[int, _Job], log: SweepLog) -> None:
             pass
 
 
-def describe(runs: list[PlannedRun], sweep_dir: Path) -> list[dict]:
-    """What ``--dry-run`` lists: each run, its size, parameter counts and what would happen.
-
-    Counts come from an in-process dry run, cached across seeds (they never change them)."""
-    from ..engine.build import dry_run
-
-    cache: dict[tuple, dict] = {}
-    action = {"finished": "skip (finished)", "running": "skip (running elsewhere)",
-              "unfinished": "resume (unfinished)", "empty": "run", "missing": "run"}
-    rows = []
-    for run in runs:
-        key = (run.config, tuple(o for o in run.overrides
-                                 if not o.startswith(("train.seed=", "sweep."))))
-        if key not in cache:
-            cache[key] = dry_run(load_config(run.config, list(run.overrides)))["info"]
-        info = cache[key]
-        rows.append({"run": run.name, "method": run.method, "budget_level": run.budget_level,
-                     "size": run.size, "seed": run.seed,
-                     "adapter_params": info["adapter_params"],
-                     "trainable_params": info["trainable_params"],
-                     "action": action[run_state(sweep_dir / run.name)]})
-    return rows

@@ -255,6 +255,8 @@ def plan(spec: SweepSpec, n_cache: dict | None = None) -> list[PlannedRun]:
             for method in g.methods:
                 levels = g.budgets if g.budgets and method in SIZED else [None]
                 for level in levels:
+                    # a config's adalora.target_rank gives way to the level's b(T): the
+                    # budget override replaces it (config.load_config)
                     sized = size_overrides(method, level, n)
                     for seed in g.seeds:
                         run = _planned(spec, config, stems[config], method, level, seed,

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .local import Outcome
+from .runs import Outcome
 from .status import RunStatus
 
 ORDER = ("submitted", "queued", "running", "finished", "preempted", "unfinished", "failed",

@@ -22,10 +22,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..config import ConfigError
-from ..rundir.layout import SUBMITIT_DIR
+from ..rundir.layout import SUBMITIT_DIR, SWEEP_LOGS
 from ..rundir.owner import identity
-from .local import Outcome, SweepLog, write_manifest
 from .plan import PlannedRun, SweepSpec
+from .runs import Outcome, SweepLog, write_manifest
 from .slurm_job import TrainJob
 from .slurm_options import SlurmOptions, executor_parameters
 from .status import (
@@ -77,7 +77,7 @@ class SlurmLauncher:
         submitted run's final state."""
         self._check_cluster()  # before anything is written
         sweep_dir = sweep_dir.resolve()
-        (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (sweep_dir / SWEEP_LOGS).mkdir(parents=True, exist_ok=True)
         write_manifest(spec, runs, sweep_dir)
         before = {s.run: s for s in sweep_states(runs, sweep_dir)}
         again = RESUBMIT + ((UNKNOWN_STATE,) if self.resubmit else ())

@@ -25,16 +25,17 @@ import time
 from pathlib import Path
 
 from ..errors import EXIT_BUSY, EXIT_PREEMPTED
+from ..rundir.layout import SWEEP_LOGS
 from ..rundir.owner import PARENT_ENV
 from ..rundir.run import is_finished
-from .local import (
+from .plan import PlannedRun
+from .runs import (
     SweepLog,
-    _last_error,
     claim_launch,
     clear_empty,
+    last_error,
     release_launch,
 )
-from .plan import PlannedRun
 
 
 class RunFailed(RuntimeError):
@@ -106,7 +107,7 @@ class TrainJob:
 
     def _start(self, resume: bool) -> subprocess.Popen:
         cmd = train_command(self.run, self.run_dir, resume, self.nproc)
-        logfile = self.sweep_dir / "logs" / f"{self.run.name}.log"
+        logfile = self.sweep_dir / SWEEP_LOGS / f"{self.run.name}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
         usr = _usr_signal()
         with open(logfile, "a") as out:  # every attempt's output, one after the other
@@ -145,7 +146,7 @@ class TrainJob:
         if code == EXIT_PREEMPTED:  # the scheduler signalled the training process itself
             log.event(self.run.name, "preempted", seconds=seconds, job=_job_id())
             return {"status": "preempted", "seconds": seconds}
-        error = f"exit {code}: {_last_error(self.sweep_dir / 'logs' / f'{self.run.name}.log')}"
+        error = f"exit {code}: {last_error(self.sweep_dir / SWEEP_LOGS / f'{self.run.name}.log')}"
         log.event(self.run.name, "failed", seconds=seconds, error=error, job=_job_id())
         raise RunFailed(f"{self.run.name}: {error}")
 

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError
+from ..errors import writing
 from ..rundir.layout import CONFIG, SLURM_RECORDS, STATUS, SWEEP_LOG, SWEEP_MANIFEST
 from ..rundir.owner import read_heartbeat
 from ..rundir.run import RunDir
-from .local import run_state
 from .plan import PlannedRun
+from .runs import run_state
 from .scheduler import UNKNOWN, ask
 
 """{run name: {"job_id", "cluster", "submitted", ...}} for every run submitted via submitit."""
@@ -69,7 +70,7 @@ def _directory_state(path: Path) -> tuple[str, str]:
     if status.get("status") == "preempted":
         return "preempted", f"checkpoint at step {status.get('step')}"
     if status.get("status") == "failed":
-        return "failed", str(status.get("error", ""))[:200]
+        return "failed", str(status.get("error", ""))  # whole: its fix is at the end
     return "unfinished", "its process died; resumable from its last checkpoint"
 
 
@@ -98,8 +99,12 @@ def read_records(sweep_dir: Path) -> dict[str, dict]:
 
 def write_records(sweep_dir: Path, records: dict[str, dict]) -> None:
     tmp = sweep_dir / f"{SLURM_RECORDS}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(records, indent=1) + "\n")
-    os.replace(tmp, sweep_dir / SLURM_RECORDS)
+    try:
+        with writing(sweep_dir / SLURM_RECORDS, written_as=tmp):
+            tmp.write_text(json.dumps(records, indent=1) + "\n")
+            os.replace(tmp, sweep_dir / SLURM_RECORDS)
+    finally:
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written copy left behind
 
 
 def check_sweep_dir(sweep_dir: Path) -> None:

@@ -14,7 +14,7 @@ stripping surrounding whitespace) and ROUGE-L F x 100, and written to ``predicti
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +24,33 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, RunConfig
+from ..errors import first_line
+from ..rundir.layout import PREDICTIONS_JSONL
 from . import data as rawdata
 from . import eval_order
-from .base import TaskData
-from .causal_lm_data import LABEL_PAD, encode_row, pack, pad_left, pad_right, row_shape
+from .base import Task, TaskData, no_autocast
+from .causal_lm_data import (
+    LABEL_PAD,
+    check_messages,
+    encode_row,
+    pack,
+    pad_left,
+    pad_right,
+    row_shape,
+    usable_rows,
+)
 from .pretrained import from_pretrained, load_config, load_tokenizer
 
-PREDICTIONS = "predictions.jsonl"
 SPLITS = ("train", "validation")
 PREDICT_TOKENS = 64
 """``adalora predict``'s generation length when the run's task.max_new_tokens is 0."""
 
 
-class CausalLMTask:
+class CausalLMTask(Task):
     """Language modelling on your own prompts and responses (or texts, or chats)."""
 
     name = "causal_lm"
+    model_class = "AutoModelForCausalLM"
     primary_metric = "loss"
     eval_split_names = ("validation",)
 
@@ -47,27 +58,33 @@ class CausalLMTask:
         self.cfg = cfg
         self.tokenizer: Any = None  # set by load_data; generation decodes with it
         self.predictions: dict[str, list[dict[str, str]]] = {}
-        if cfg.task.max_new_tokens < 0:
-            raise ConfigError(f"task.max_new_tokens must be >= 0 (0: no generation), got "
-                              f"{cfg.task.max_new_tokens}")
 
     # ---------------------------------------------------------------- model
 
+    def check_model_config(self, config: Any) -> None:
+        if getattr(config, "is_encoder_decoder", False):
+            raise ConfigError(f"model {self.cfg.model.name_or_path} ({config.model_type}) is an "
+                              "encoder-decoder; causal_lm needs a decoder-only model (use "
+                              "task.name=xsum with your data for sequence-to-sequence training)")
+        if _is_encoder(config):
+            raise ConfigError(f"model {self.cfg.model.name_or_path} ({config.model_type}) is an "
+                              "encoder (a masked language model), which cannot learn to "
+                              "continue a text; causal_lm needs a decoder-only model (Llama, "
+                              "Qwen, Mistral, GPT-2, ...)")
+
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-        from transformers import AutoModelForCausalLM
+        import transformers
 
         path = self.cfg.model.name_or_path
         config = load_config(path)  # OSError: reported by the caller
-        if getattr(config, "is_encoder_decoder", False):
-            raise ConfigError(f"model {path} ({config.model_type}) is an encoder-decoder; "
-                              "causal_lm needs a decoder-only model (use task.name=xsum with "
-                              "your data for sequence-to-sequence training)")
+        self.check_model_config(config)
         try:
             # the config already read: a GGUF file's metadata takes seconds to parse
-            model = from_pretrained(AutoModelForCausalLM, path, dtype, config=config)
+            model = from_pretrained(getattr(transformers, self.model_class), path, dtype,
+                                    config=config)
         except ValueError as err:  # transformers: no causal-LM class for this config
             raise ConfigError(f"model {path} ({config.model_type}) has no causal language "
-                              f"model head ({str(err).splitlines()[0][:120]}); use a "
+                              f"model head ({first_line(err)[:120]}); use a "
                               "decoder-only checkpoint") from None
         return model, load_tokenizer(path)
 
@@ -82,34 +99,45 @@ class CausalLMTask:
         task = self.cfg.task
         return rawdata.load_splits(task, SPLITS, dataset=task.dataset)
 
-    def encode(self, ds: datasets.Dataset, split: str, tokenizer: Any) -> list[dict[str, Any]]:
+    def encode(self, ds: datasets.Dataset, split: str, tokenizer: Any
+               ) -> tuple[list[dict[str, Any]], int, str | None]:
+        """The encoded rows of a split that have something to learn, how many rows were
+        left out, and the one line that says which and why."""
         where = self.where(split)
         if len(ds) == 0:
             raise ConfigError(f"{where} has no rows; give the split some data")
         shape = row_shape(list(ds.column_names), self.cfg.task, where)
         ids = ([str(x) for x in ds["id"]] if "id" in ds.column_names
                else [f"{split}-{i}" for i in range(len(ds))])
+        raw = list(ds)
+        kept, left_out = usable_rows(raw, shape, self.cfg.task, where)
         rows = []
-        for i, row in enumerate(ds):
-            encoded = encode_row(tokenizer, shape, row, self.cfg.task, f"{where} row {i + 1}")
+        for i in kept:
+            encoded = encode_row(tokenizer, shape, raw[i], self.cfg.task, f"{where} row {i + 1}")
             rows.append({**encoded, "id": ids[i]})
-        return rows
+        return rows, len(raw) - len(kept), left_out
 
     def load_data(self, tokenizer: Any) -> TaskData:
+        if tokenizer.eos_token_id is None:  # every response ends with it: it is learned
+            raise ConfigError(f"the tokenizer of {self.cfg.model.name_or_path} has no "
+                              "end-of-sequence token, which causal_lm ends every response "
+                              "with so the model learns to stop; use a decoder model's "
+                              "tokenizer (or set eos_token in its tokenizer_config.json)")
         if tokenizer.pad_token_id is None:  # most decoder tokenizers have none: pad with EOS
-            if tokenizer.eos_token_id is None:
-                raise ConfigError(f"the tokenizer of {self.cfg.model.name_or_path} has neither "
-                                  "a padding nor an end-of-sequence token; use one that has")
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
         task = self.cfg.task
         raw = self.raw_splits()
         info: dict[str, Any] = {"task": self.name}
         splits: dict[str, Any] = {}
+        notes: list[str] = []
         for split, ds in raw.items():
             limit = task.max_train_samples if split == "train" else task.max_eval_samples
-            rows = self.encode(rawdata.take(ds, limit), split, tokenizer)
-            info[f"{split}_examples"] = len(rows)
+            rows, n_left_out, left_out = self.encode(rawdata.take(ds, limit), split, tokenizer)
+            info[f"{split}_examples"] = len(rows)  # what is trained and scored, not the file
+            if left_out:
+                info[f"{split}_left_out"] = n_left_out
+                notes.append(left_out)
             info[f"{split}_source"] = self.where(split)
             splits[split] = rows
         train = splits.pop("train")
@@ -120,7 +148,7 @@ class CausalLMTask:
         pad_id = tokenizer.pad_token_id
         return TaskData(train=datasets.Dataset.from_list(train),
                         eval_splits={k: datasets.Dataset.from_list(v) for k, v in splits.items()},
-                        collate=lambda items: pad_right(items, pad_id), info=info)
+                        collate=lambda items: pad_right(items, pad_id), info=info, notes=notes)
 
     # ---------------------------------------------------------------- scoring
 
@@ -203,9 +231,17 @@ class CausalLMTask:
         """``predictions.jsonl`` when evaluation generated (task.max_new_tokens > 0)."""
         if not self.predictions:
             return []
-        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS, self.predictions)
+        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS_JSONL, self.predictions)
 
     # ---------------------------------------------------------------- predict
+
+    def predict_columns(self, columns: Sequence[str], where: str) -> None:
+        task = self.cfg.task
+        wanted = (task.messages_column, task.prompt_column, task.text_column)
+        if not any(c in columns for c in wanted):
+            raise ConfigError(f"{where} has no {task.prompt_column!r} (or "
+                              f"{task.messages_column!r}, {task.text_column!r}) column; it has "
+                              f"{', '.join(columns) or 'no columns'}")
 
     def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,
                      device: torch.device) -> list[dict[str, Any]]:
@@ -219,28 +255,30 @@ class CausalLMTask:
             if not getattr(tokenizer, "chat_template", None):
                 raise ConfigError("the input holds chat messages but the tokenizer has no chat "
                                   f"template; give a {task.prompt_column!r} column instead")
+            # rows come in batches, so a row number here would be the batch's: the bad value
+            # is quoted instead
+            chats = [check_messages(m, "the input") for m in ds[task.messages_column]]
             prompts = [tokenizer(tokenizer.apply_chat_template(
-                list(m), tokenize=False, add_generation_prompt=True),
-                add_special_tokens=False)["input_ids"] for m in ds[task.messages_column]]
+                m, tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False)["input_ids"] for m in chats]
         else:
-            column = next((c for c in (task.prompt_column, task.text_column) if c in columns),
-                          None)
-            if column is None:
-                raise ConfigError(f"the input has no {task.prompt_column!r} (or "
-                                  f"{task.messages_column!r}, {task.text_column!r}) column; "
-                                  f"it has {', '.join(columns)}")
+            column = next(c for c in (task.prompt_column, task.text_column) if c in columns)
             prompts = [tokenizer("" if x is None else str(x))["input_ids"] for x in ds[column]]
         prompts = [p[-task.max_length:] for p in prompts]  # keep the end: it is continued
         out = self.generate(model, prompts, batch_size=len(prompts), device=device,
-                            autocast=_no_autocast,
+                            autocast=no_autocast,
                             max_new_tokens=task.max_new_tokens or PREDICT_TOKENS)
         return [{"response": text} for text in out]
 
 
-def _no_autocast():
-    import contextlib
+def _is_encoder(config: Any) -> bool:
+    """An encoder-only architecture (BERT, RoBERTa, ELECTRA, ...): transformers maps it to a
+    causal-LM class too, which is only meant as the decoder half of an encoder-decoder
+    (``is_decoder``); trained alone here it would see every token both ways."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-    return contextlib.nullcontext()
+    return (config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            and not getattr(config, "is_decoder", False))
 
 
 def causal_lm_task(cfg: RunConfig) -> CausalLMTask:

@@ -16,10 +16,16 @@ itself. A row longer than ``task.max_length`` loses the end of its response; a p
 leaves no room for a single response token is refused with the row named. With
 ``task.packing`` short training rows are concatenated, in order, into rows of at most
 ``max_length`` tokens.
+
+A row whose shape has nothing to learn (a missing, null or empty response or text, an empty
+chat) is left out, and :func:`usable_rows` says in one line which rows and why; a file whose
+rows come in two shapes (a text row among prompt/response rows) is refused, since training
+one shape and dropping the other is never what was meant.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +60,86 @@ def row_shape(columns: list[str], task: TaskConfig, where: str) -> Shape:
         "task.prompt_column / task.response_column or task.messages_column")
 
 
+SHAPE_WORDS = {"messages": "chat messages", "pair": "prompt + response", "text": "text"}
+
+
+def _present(value: Any) -> bool:
+    """A value a row really holds: not missing (pandas reads a missing key as NaN or None)
+    and not empty (an empty string, a blank text, an empty chat)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return False
+    if isinstance(value, str):
+        return bool(value.strip())
+    try:
+        return len(value) > 0
+    except TypeError:
+        return True
+
+
+def lacks(kind: str, row: dict[str, Any], task: TaskConfig) -> str | None:
+    """The column a row of shape ``kind`` has nothing in (None: the row is whole). An empty
+    prompt is allowed (the response is then learned unconditioned); a null one is not."""
+    if kind == "messages":
+        return None if _present(row.get(task.messages_column)) else task.messages_column
+    if kind == "pair":
+        prompt = row.get(task.prompt_column)
+        if prompt is None or (isinstance(prompt, float) and math.isnan(prompt)):
+            return task.prompt_column
+        return None if _present(row.get(task.response_column)) else task.response_column
+    return None if _present(row.get(task.text_column)) else task.text_column
+
+
+def _shape_of_values(row: dict[str, Any], task: TaskConfig) -> str | None:
+    """The shape a single row's values have, whatever the file's columns say."""
+    for kind in ("messages", "pair", "text"):
+        if lacks(kind, row, task) is None:
+            return kind
+    return None
+
+
+def usable_rows(rows: list[dict[str, Any]], shape: Shape, task: TaskConfig,
+                where: str) -> tuple[list[int], str | None]:
+    """The indices of the rows that have something to learn, and one line naming the rows
+    left out and why (None when every row is kept).
+
+    Rows of another shape than the file's (a ``text`` row in a prompt/response file) are
+    refused; so is a split where no row is left."""
+    kept, lacking, others = [], {}, []
+    for i, row in enumerate(rows):
+        column = lacks(shape.kind, row, task)
+        if column is None:
+            kept.append(i)
+            continue
+        other = _shape_of_values(row, task)
+        if other is not None:
+            others.append((i + 1, other))
+        else:
+            lacking.setdefault(column, []).append(i + 1)
+    if others:
+        first, kind = others[0]
+        theirs = (f"row {first} is" if len(others) == 1
+                  else f"{len(others)} rows (the first is row {first}) are")
+        raise ConfigError(
+            f"{where} mixes row shapes: its rows are {SHAPE_WORDS[shape.kind]}, "
+            f"but {theirs} {SHAPE_WORDS[kind]}; keep one shape per file, or rewrite those "
+            "rows in the file's shape")
+    if not lacking:
+        return kept, None
+    why = "; ".join(f"row{'s' if len(numbers) > 1 else ''} {_numbers(numbers)} "
+                    f"{'have' if len(numbers) > 1 else 'has'} no {column!r}"
+                    for column, numbers in lacking.items()) + " (missing, null or empty)"
+    if not kept:
+        raise ConfigError(f"{where}: none of its {len(rows)} rows has anything to learn "
+                          f"({why}); fill those values in")
+    return kept, (f"left out {len(rows) - len(kept)} of the {len(rows)} rows of {where}: "
+                  f"{why}; the run uses the other {len(kept)}")
+
+
+def _numbers(numbers: list[int], shown: int = 5) -> str:
+    more = len(numbers) - shown
+    return ", ".join(map(str, numbers[:shown])) + (f" and {more} more" if more > 0 else "")
+
+
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
@@ -63,8 +149,8 @@ def _chat_parts(tokenizer: Any, messages: Any, where: str) -> tuple[str, str, st
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"{where} holds chat messages but the tokenizer has no chat "
                           "template; give prompt and response columns instead")
-    messages = list(messages or [])
-    if not messages or messages[-1].get("role") != "assistant":
+    messages = check_messages(messages, where)
+    if messages[-1].get("role") != "assistant":
         raise ConfigError(f"{where}: a conversation must end with the assistant's reply "
                           "(role 'assistant'), which is what the model learns to write")
     prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False,
@@ -74,6 +160,22 @@ def _chat_parts(tokenizer: Any, messages: Any, where: str) -> tuple[str, str, st
         raise ConfigError(f"{where}: the chat template renders the conversation without its "
                           "generation prompt as a prefix; use prompt and response columns")
     return prompt, full[len(prompt):], _text(messages[-1].get("content"))
+
+
+def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
+    """A chat as a list of ``{role, content}`` dicts; anything else (a string, a list of
+    strings) is a one-line error, not a crash deep in the template."""
+    if isinstance(messages, (str, bytes)) or not hasattr(messages, "__iter__"):
+        raise ConfigError(f"{where}: chat messages must be a list of {{\"role\": ..., "
+                          f"\"content\": ...}} objects, got {type(messages).__name__} "
+                          f"{str(messages)[:40]!r}; give a list, or use a prompt column")
+    messages = list(messages)
+    bad = next((m for m in messages if not isinstance(m, dict) or "role" not in m), None)
+    if bad is not None or not messages:
+        raise ConfigError(f"{where}: chat messages must be a non-empty list of "
+                          f"{{\"role\": ..., \"content\": ...}} objects, got "
+                          f"{str(bad if bad is not None else messages)[:40]!r}")
+    return messages
 
 
 def encode_row(tokenizer: Any, shape: Shape, row: dict[str, Any], task: TaskConfig,

@@ -1,23 +1,30 @@
-"""How each task shows in ``adalora report``: its title, its paper table and its columns.
+"""How each task shows in ``adalora report``: its title, its paper table, its columns and
+which way each is better.
 
 Declared here, beside the task families, so a new task shows correctly with no report edit;
-every finished run records its task's columns in ``summary.json``. Torch-free (the report
-reads it). GLUE metrics are stored as fractions and shown x100 like the paper; SQuAD and
+a task hands its entry to the loop (``Task.report``) and every finished run records it in
+``summary.json``. Torch-free, so the report can read it too (for summaries written before a
+field existed). GLUE metrics are stored as fractions and shown x100 like the paper; SQuAD and
 ROUGE are stored x100 already. A task with no entry shows every metric of its first
-evaluation split, in the "other" table.
+evaluation split, in the "other" table. Every metric is higher-is-better except a loss and
+a perplexity (:data:`LOWER_IS_BETTER`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ..rundir.summary import ReportColumn, TaskReport
 
 VAL = ("validation",)
 FRACTIONS = {"accuracy", "f1", "matthews", "pearson", "spearman", "corr"}
 """Metrics stored as fractions: shown x100 in an undeclared task's columns."""
+LOWER_IS_BETTER = frozenset({"loss", "perplexity"})
+"""Metrics where less is better, in any task's columns."""
 
 
 def _cols(*specs: tuple[str, tuple[str, ...], str, float]) -> tuple[ReportColumn, ...]:
-    return tuple(ReportColumn(*s) for s in specs)
+    return tuple(ReportColumn(*s, lower_is_better=s[2] in LOWER_IS_BETTER) for s in specs)
 
 
 _ROUGE = ("test", "validation")
@@ -43,11 +50,43 @@ REPORTS: dict[str, TaskReport] = {
         ("R-1", _ROUGE, "rouge1", 1), ("R-2", _ROUGE, "rouge2", 1), ("R-L", _ROUGE, "rougeL", 1))),
     "cnn_dailymail": TaskReport("CNN/DailyMail", "summarization", _cols(
         ("R-1", _ROUGE, "rouge1", 1), ("R-2", _ROUGE, "rouge2", 1), ("R-L", _ROUGE, "rougeL", 1))),
+    # your own data: loss and perplexity always; exact match and ROUGE-L when evaluation
+    # generates (task.max_new_tokens > 0)
+    "causal_lm": TaskReport("causal LM", "other", _cols(
+        ("loss", VAL, "loss", 1), ("ppl", VAL, "perplexity", 1), ("EM", VAL, "exact_match", 1),
+        ("R-L", VAL, "rougeL", 1))),
     # the LLM demo: generated replies, scored x100 already
     "bbc_topic_chat": TaskReport("BBC topics (chat)", "other", _cols(
         ("EM", VAL, "exact_match", 1), ("R-L", VAL, "rougeL", 1))),
 }
 """Task name -> its report; order = the paper's column order."""
+
+
+COUNTS = ("total",)
+"""Metric names ending so are counts (SQuAD v2's HasAns_total): printed as integers."""
+
+
+def metrics_line(metrics: dict[str, float]) -> str:
+    """One split's scores as the CLI prints them: ``accuracy 0.4375  f1 0.5000``, counts
+    as whole numbers (``HasAns_total 16``)."""
+    def shown(name: str, value: float | None) -> str:
+        if value is None:  # not a number (e.g. Pearson of a constant), stored as null
+            return f"{name} n/a"
+        if name.endswith(COUNTS) and float(value).is_integer():
+            return f"{name} {int(value)}"
+        return f"{name} {value:.4f}"
+    return "  ".join(shown(k, v) for k, v in metrics.items())
+
+
+def with_directions(report: TaskReport) -> TaskReport:
+    """``report`` with every column's direction known: a summary written before columns
+    recorded one says None, which means lower-is-better only for a loss or a perplexity."""
+    if all(c.lower_is_better is not None for c in report.columns):
+        return report
+    return dataclasses.replace(report, columns=tuple(
+        c if c.lower_is_better is not None else
+        dataclasses.replace(c, lower_is_better=c.metric in LOWER_IS_BETTER)
+        for c in report.columns))
 
 
 def task_report(task: str, metrics: dict) -> TaskReport:
@@ -58,4 +97,5 @@ def task_report(task: str, metrics: dict) -> TaskReport:
     split = "validation" if "validation" in metrics else next(iter(metrics), "")
     found = metrics.get(split) or {}
     return TaskReport(task, "other", tuple(
-        ReportColumn(m, (split,), m, 100 if m in FRACTIONS else 1) for m in found))
+        ReportColumn(m, (split,), m, 100 if m in FRACTIONS else 1, m in LOWER_IS_BETTER)
+        for m in found))

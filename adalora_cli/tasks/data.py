@@ -22,7 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..config import ConfigError, TaskConfig
-from ..errors import first_line
+from ..errors import first_line, writing
 
 EXTENSIONS = ("tsv", "csv", "json", "jsonl", "parquet")
 """File types a local split may have, in the order ``data_dir`` looks for them."""
@@ -41,6 +41,9 @@ def read_table(path: str | Path) -> datasets.Dataset:
     try:
         frame = _read_frame(path, ext)
     except (ValueError, OSError, pd.errors.ParserError) as err:
+        where = bad_json_line(path) if ext in ("jsonl", "json") else None
+        if where is not None:  # pandas says "position 1138": the line is what can be fixed
+            raise ConfigError(where) from None
         first = first_line(err)
         raise ConfigError(f"could not read {path} as .{ext}: {first}") from None
     try:
@@ -69,6 +72,31 @@ def _read_frame(path: Path, ext: str) -> pd.DataFrame:
     if head.startswith("["):
         return pd.DataFrame.from_records(json.loads(path.read_text(encoding="utf-8")))
     return pd.read_json(path, lines=True, dtype=False)
+
+
+def bad_json_line(path: Path) -> str | None:
+    """For a JSON-lines file, the first line that is not one JSON object, said as ``path
+    line N: what is wrong; the fix`` (None when every line is, or the file is a JSON
+    array, which has no rows per line)."""
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, 1):
+            text = line.strip()
+            if not text:
+                continue
+            if number == 1 and text.startswith("["):
+                return None  # a JSON array: pandas' own words are all there is
+            try:
+                row = json.loads(text)
+            except ValueError as err:
+                why = getattr(err, "msg", None) or first_line(err)
+                column = getattr(err, "colno", None)
+                at = f" at column {column}" if column else ""
+                return (f"{path} line {number} is not valid JSON ({why}{at}); fix that line "
+                        "(each line holds one JSON object)")
+            if not isinstance(row, dict):
+                return (f"{path} line {number} holds a JSON {type(row).__name__}, not an "
+                        'object; each line must be one {"column": value, ...} row')
+    return None
 
 
 def find_split_files(data_dir: str | Path, splits: Sequence[str]) -> dict[str, Path]:
@@ -163,7 +191,7 @@ def take(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:
 
 def write_jsonl(path: Path, splits: dict[str, list[dict[str, Any]]]) -> list[Path]:
     """Every split's prediction rows into one JSON-lines file (``predictions.jsonl``)."""
-    with path.open("w", encoding="utf-8") as handle:
+    with writing(path), path.open("w", encoding="utf-8") as handle:
         for rows in splits.values():
             for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -13,7 +13,7 @@ of labels is known from the spec alone, so a dry run can build the model without
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..config import ConfigError, RunConfig
 from ..errors import first_line
 from . import data as rawdata
 from . import eval_order, metrics
-from .base import TaskData
+from .base import Task, TaskData, require
 from .pretrained import from_pretrained, load_tokenizer
 
 GLUE_HUB = "nyu-mll/glue"
@@ -78,8 +78,10 @@ GLUE_SPECS: dict[str, TextClassificationSpec] = {s.name: s for s in [
 ]}
 
 
-class TextClassificationTask:
+class TextClassificationTask(Task):
     """A sequence classification (or STS-B style regression) task built from a spec."""
+
+    model_class = "AutoModelForSequenceClassification"
 
     def __init__(self, spec: TextClassificationSpec, cfg: RunConfig):
         self.spec = spec
@@ -92,7 +94,7 @@ class TextClassificationTask:
     # ---------------------------------------------------------------- model
 
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-        from transformers import AutoModelForSequenceClassification
+        import transformers
 
         path = self.cfg.model.name_or_path
         kwargs: dict[str, Any] = {"num_labels": self.num_labels}
@@ -104,7 +106,8 @@ class TextClassificationTask:
             kwargs["label2id"] = {n: i for i, n in enumerate(self.spec.label_names)}
         try:
             tokenizer = load_tokenizer(path)
-            model = from_pretrained(AutoModelForSequenceClassification, path, dtype, **kwargs)
+            model = from_pretrained(getattr(transformers, self.model_class), path, dtype,
+                                    **kwargs)
         except OSError as err:  # missing folder, hub unreachable, no such repo
             first = first_line(err)[:200]
             raise ConfigError(f"could not load model {path} ({first}); set "
@@ -243,6 +246,27 @@ class TextClassificationTask:
         logits, labels = self.predict(model, data, batch_size=batch_size, collate=collate,
                                       device=device, autocast=autocast)
         return self.compute_metrics(logits, labels)
+
+    # ---------------------------------------------------------------- predict
+
+    def predict_columns(self, columns: Sequence[str], where: str) -> None:
+        require(columns, self.spec.text_columns, where)
+
+    @torch.no_grad()
+    def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,
+                     device: torch.device) -> list[dict[str, Any]]:
+        """``label`` (the class name) and ``scores`` (softmax probability per class);
+        ``score`` for a regression task (STS-B)."""
+        from transformers import DataCollatorWithPadding
+
+        batch = DataCollatorWithPadding(tokenizer)(list(self.encode(ds, tokenizer)))
+        logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu()
+        if self.spec.is_regression:
+            return [{"score": float(x)} for x in logits[:, 0]]
+        probs = logits.softmax(dim=-1)
+        names = self.spec.label_names
+        return [{"label": names[int(p.argmax())],
+                 "scores": {n: round(float(v), 6) for n, v in zip(names, p)}} for p in probs]
 
 
 def glue_task(cfg: RunConfig) -> TextClassificationTask:

@@ -22,7 +22,7 @@ the official scripts read).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,16 +34,16 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, RunConfig
-from ..errors import first_line
+from ..errors import first_line, writing
+from ..rundir.layout import PREDICTIONS, split_predictions
 from . import data as rawdata
 from . import eval_order, squad_postprocess, squad_scoring
-from .base import TaskData
+from .base import Task, TaskData, no_autocast, require
 from .pretrained import from_pretrained, load_tokenizer
 from .squad_features import QAExample, QAFeatures, build_features
 
 COLUMNS = ("id", "context", "question", "answers")
 """Flat columns the task reads (``title`` is optional)."""
-PREDICTIONS = "predictions.json"
 
 
 @dataclass(frozen=True)
@@ -134,8 +134,10 @@ def read_local(path: Path) -> list[QAExample]:
 # --------------------------------------------------------------------------- the task
 
 
-class SquadTask:
+class SquadTask(Task):
     """Extractive QA on SQuAD v1.1 / v2.0 with any backbone that has a fast tokenizer."""
+
+    model_class = "AutoModelForQuestionAnswering"
 
     def __init__(self, spec: SquadSpec, cfg: RunConfig):
         t = cfg.task
@@ -143,16 +145,13 @@ class SquadTask:
             raise ConfigError(f"task.doc_stride={t.doc_stride} must lie in [0, "
                               f"task.max_length={t.max_length}); set task.max_length=384 "
                               "(SQuAD's usual, with doc_stride 128) or lower task.doc_stride")
-        if t.n_best < 1 or t.max_answer_length < 1:
-            raise ConfigError(f"task.n_best ({t.n_best}) and task.max_answer_length "
-                              f"({t.max_answer_length}) must be >= 1; defaults are 20 and 30")
         self.spec, self.cfg, self.name = spec, cfg, spec.name
         self.primary_metric = "f1"
         self.predictions: dict[str, dict[str, str]] = {}
         """Answers of the last evaluation of each split: {split: {id: answer}}."""
 
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-        from transformers import AutoModelForQuestionAnswering
+        import transformers
 
         path = self.cfg.model.name_or_path
         try:
@@ -163,7 +162,7 @@ class SquadTask:
                     f"{self.name} needs a fast tokenizer for offset mappings, but {path} loads "
                     f"{type(tokenizer).__name__}; add a tokenizer.json to the model folder "
                     "(or install tokenizers and sentencepiece)")
-            model = from_pretrained(AutoModelForQuestionAnswering, path, dtype)
+            model = from_pretrained(getattr(transformers, self.model_class), path, dtype)
         except OSError as err:  # missing folder, hub unreachable, no such repo
             first = first_line(err)[:200]
             raise ConfigError(f"could not load model {path} ({first}); set "
@@ -270,15 +269,41 @@ class SquadTask:
         golds = {ex.id: list(ex.answers) for ex in data.examples}
         return squad_scoring.score(predictions, golds, version_2=self.spec.version_2)
 
+    # ---------------------------------------------------------------- predict
+
+    def predict_columns(self, columns: Sequence[str], where: str) -> None:
+        require(columns, ("question", "context"), where)
+
+    @torch.no_grad()
+    def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,
+                     device: torch.device) -> list[dict[str, Any]]:
+        """``answer`` per row, decoded as evaluation decodes ("" when a v2 model prefers
+        no answer)."""
+        from transformers import DataCollatorWithPadding
+
+        keys = [str(i) for i in range(len(ds))]  # row positions: input ids may repeat
+        examples = [QAExample(id=k, question=str(q), context=str(c), answers=(),
+                              answer_starts=())
+                    for k, q, c in zip(keys, ds["question"], ds["context"])]
+        t = self.cfg.task
+        features = build_features(tokenizer, examples, max_length=t.max_length,
+                                  doc_stride=t.doc_stride, training=False)
+        starts, ends = self.predict_logits(model, features, batch_size=len(features) or 1,
+                                           collate=DataCollatorWithPadding(tokenizer),
+                                           device=device, autocast=no_autocast)
+        answers = self.answers(features, starts, ends)
+        return [{"answer": answers[k]} for k in keys]
+
     def save_predictions(self, run_dir: Path) -> list[Path]:
         """``predictions.json`` ({id: answer}) of the last evaluation (one file per split
         when there are several: ``predictions_<split>.json``)."""
         written = []
         for split, predictions in self.predictions.items():
-            name = PREDICTIONS if len(self.predictions) == 1 else f"predictions_{split}.json"
+            name = PREDICTIONS if len(self.predictions) == 1 else split_predictions(split)
             path = Path(run_dir) / name
-            path.write_text(json.dumps(predictions, indent=1, ensure_ascii=False) + "\n",
-                            encoding="utf-8")
+            with writing(path):  # a full disk: the error names the file
+                path.write_text(json.dumps(predictions, indent=1, ensure_ascii=False) + "\n",
+                                encoding="utf-8")
             written.append(path)
         return written
 

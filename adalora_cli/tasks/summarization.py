@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,16 +38,16 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, RunConfig
+from ..rundir.layout import PREDICTIONS_JSONL
 from . import bbc_news, eval_order
 from . import data as rawdata
-from .base import TaskData
+from .base import Task, TaskData, require
 from .pretrained import from_pretrained, load_config, load_tokenizer
 
 # The BART warm start (transformers' BART classes) and ROUGE (rouge-score, nltk) are
 # imported where they are used, so a run that never builds a warm start or scores ROUGE
 # does not load them.
 
-PREDICTIONS = "predictions.jsonl"
 LABEL_PAD = -100
 """Label id that cross-entropy ignores (PyTorch's default ``ignore_index``)."""
 SPLITS = ("train", "validation")
@@ -111,8 +111,10 @@ class GenerationProgress:
               file=sys.stderr, flush=True)
 
 
-class SummarizationTask:
+class SummarizationTask(Task):
     """A sequence-to-sequence summarization task built from a spec."""
+
+    model_class = "AutoModelForSeq2SeqLM"
 
     def __init__(self, spec: SummarizationSpec, cfg: RunConfig):
         self.spec, self.cfg, self.name = spec, cfg, spec.name
@@ -121,13 +123,7 @@ class SummarizationTask:
         self.tokenizer: Any = None  # set by load_data; generation decodes with it
         # the last evaluation's rows per split: id, prediction, reference
         self.predictions: dict[str, list[dict[str, str]]] = {}
-        t = cfg.task
-        for key, value, least in (("max_target_length", t.max_target_length, 1),
-                                  ("num_beams", t.num_beams, 1),
-                                  ("generation_min_length", t.generation_min_length, 0),
-                                  ("no_repeat_ngram_size", t.no_repeat_ngram_size, 0)):
-            if value < least:
-                raise ConfigError(f"task.{key} must be >= {least}, got {value}")
+        t = cfg.task  # its keys' own ranges are checked by TaskConfig
         if self.max_new_tokens < max(1, t.generation_min_length):
             raise ConfigError(f"task.generation_max_length ({self.max_new_tokens}) must be >= 1 "
                               f"and >= task.generation_min_length ({t.generation_min_length})")
@@ -139,21 +135,38 @@ class SummarizationTask:
 
     # ---------------------------------------------------------------- model
 
+    def check_model_config(self, config: Any) -> None:
+        if config.model_type != "bert" and not getattr(config, "is_encoder_decoder", False):
+            raise ConfigError(f"model {self.cfg.model.name_or_path} ({config.model_type}) "
+                              "cannot generate summaries; use a sequence-to-sequence checkpoint "
+                              "such as facebook/bart-large (or a BERT checkpoint, which is "
+                              "warm-started into one)")
+
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-        from transformers import AutoModelForSeq2SeqLM
+        import transformers
 
         path = self.cfg.model.name_or_path
         config = load_config(path)  # OSError: reported by the training loop
+        self.check_model_config(config)
         if config.model_type == "bert":
             from . import warm_start
 
             return warm_start.bart_from_bert(path, dtype)
-        if not getattr(config, "is_encoder_decoder", False):
-            raise ConfigError(f"model {path} ({config.model_type}) cannot generate summaries; "
-                              "use a sequence-to-sequence checkpoint such as facebook/bart-large "
-                              "(or a BERT checkpoint, which is warm-started into one)")
-        return (from_pretrained(AutoModelForSeq2SeqLM, path, dtype),
+        return (from_pretrained(getattr(transformers, self.model_class), path, dtype),
                 load_tokenizer(path))
+
+    def skeleton(self, config: Any) -> nn.Module:
+        """A BERT checkpoint plans as the BART it is warm-started into (:mod:`.warm_start`)."""
+        if config.model_type == "bert":
+            from types import SimpleNamespace
+
+            from .warm_start import bart_config_from_bert
+
+            # The special-token ids only fill config fields; they shape no module, so no
+            # tokenizer file is read for them.
+            ids = SimpleNamespace(cls_token_id=0, sep_token_id=1, pad_token_id=2)
+            config = bart_config_from_bert(config, ids)
+        return super().skeleton(config)
 
     # ---------------------------------------------------------------- data
 
@@ -287,7 +300,24 @@ class SummarizationTask:
 
     def save_predictions(self, run_dir: Path) -> list[Path]:
         """``predictions.jsonl``: one JSON object per evaluated example."""
-        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS, self.predictions)
+        return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS_JSONL, self.predictions)
+
+    # ---------------------------------------------------------------- predict
+
+    def predict_columns(self, columns: Sequence[str], where: str) -> None:
+        require(columns, (self.spec.source_column,), where)
+
+    @torch.no_grad()
+    def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,
+                     device: torch.device) -> list[dict[str, Any]]:
+        """``summary`` per row, generated with the task's settings (beams, lengths)."""
+        sources = self.source_texts(ds[self.spec.source_column])  # with source_prefix (T5)
+        enc = tokenizer(sources, max_length=self.cfg.task.max_length, truncation=True,
+                        padding=True, return_tensors="pt")
+        inputs = {k: enc[k].to(device) for k in ("input_ids", "attention_mask")}
+        ids = model.generate(**inputs, **self.generation_kwargs())
+        return [{"summary": s.strip()}
+                for s in tokenizer.batch_decode(ids, skip_special_tokens=True)]
 
 
 def summarization_task(cfg: RunConfig) -> SummarizationTask:

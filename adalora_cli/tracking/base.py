@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import LogConfig, RunConfig
+from ..config import LogConfig, RunConfig, flatten
 
 
 @dataclass(frozen=True)
@@ -55,18 +55,6 @@ class Sink:
     def close(self, finished: bool) -> None:
         """``finished`` is False when the run stops without a summary (failed or killed)."""
         raise NotImplementedError
-
-
-def flatten(data: dict[str, Any], sep: str = ".", prefix: str = "") -> dict[str, Any]:
-    """Nested dicts to ``{a.b.c: leaf}``; leaves are kept as they are."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        path = f"{prefix}{sep}{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            flat.update(flatten(value, sep, path))
-        else:
-            flat[path] = value
-    return flat
 
 
 def scalar(value: Any) -> str | int | float | bool:

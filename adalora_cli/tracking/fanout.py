@@ -28,10 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, RunConfig
+from ..config import ConfigError, RunConfig, flatten
 from ..errors import describe
 from ..rundir.layout import RANK_PATTERN, TRACKERS
-from .base import Sink, flatten, run_info
+from .base import Sink, run_info
 
 # tracker name -> module of this package that implements it (its PACKAGES say what it needs)
 BACKENDS = {"tensorboard": "tensorboard_sink", "wandb": "wandb_sink", "mlflow": "mlflow_sink"}

@@ -13,9 +13,11 @@ of milliseconds however small, which every step would pay, and AdaLoRA adds one 
 matrix at every mask event. Sent batches are waited for as they pile up and all at close,
 so a failure still surfaces here and the tracker is dropped.
 
-An HTTP tracking server is first reached with a plain connection bounded by
-``CONNECT_S``: MLflow's own client retries an unreachable address with a growing backoff
-for minutes before it gives up, and the run would stall that long before its one warning.
+An HTTP tracking server is first asked for ``/health`` with the whole exchange (connect,
+send, the first byte of an answer) bounded by ``CONNECT_S``: MLflow's own client retries an
+unreachable or silent server with a growing backoff for minutes (372 s against one that
+accepts the connection and never answers) before it gives up, and the run would stall that
+long before its one warning.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import time
 from typing import Any
 from urllib.parse import urlparse
@@ -35,22 +38,49 @@ _BATCH = 100  # MLflow's limit on params per log_batch call
 _METRICS = 1000  # MLflow's limit on metrics per log_batch call
 FLUSH_S = 2.0  # the longest a metric waits in the buffer: MLflow lags at most this much
 _PENDING = 16  # batches in flight before the oldest half is waited for
-CONNECT_S = 5.0  # how long an HTTP tracking server may take to accept a connection
+CONNECT_S = 5.0  # how long an HTTP tracking server may take to answer at all
 
 
-def check_reachable(uri: str | None, timeout: float = CONNECT_S) -> None:
-    """Fail within ``timeout`` seconds if an http(s) tracking URI accepts no connection."""
+def check_reachable(uri: str | None, timeout: float | None = None) -> None:
+    """Fail within ``timeout`` seconds, all told, if an http(s) tracking URI does not
+    answer: no connection, or one that is accepted and never answered (a hung server, a
+    proxy holding the line). Any HTTP answer counts; what it says is MLflow's to judge."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "")
     parts = urlparse(uri)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return  # a local store (sqlite:, file:): nothing to wait for
     port = parts.port or (443 if parts.scheme == "https" else 80)
+    timeout = CONNECT_S if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"no answer within {timeout:g} s")
+        return remaining
+
     try:
-        socket.create_connection((parts.hostname, port), timeout=timeout).close()
-    except OSError as err:
-        raise ConnectionError(f"MLflow server {uri} is unreachable "
-                              f"({err.strerror or err or 'timed out'}); check log.mlflow_uri "
-                              "and that the server runs") from None
+        sock = socket.create_connection((parts.hostname, port), timeout=left())
+        try:
+            if parts.scheme == "https":  # only "does it answer": MLflow verifies the cert
+                context = ssl.create_default_context()
+                context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+                sock.settimeout(left())
+                sock = context.wrap_socket(sock, server_hostname=parts.hostname)
+            path = (parts.path.rstrip("/") or "") + "/health"
+            sock.settimeout(left())
+            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {parts.hostname}\r\n\r\n".encode())
+            sock.settimeout(left())
+            if not sock.recv(1):
+                raise ConnectionError("the connection was closed without an answer")
+        finally:
+            sock.close()
+    except OSError as err:  # TimeoutError and ConnectionError are OSErrors too
+        why = err.strerror or str(err) or "timed out"
+        if isinstance(err, socket.timeout) and not err.strerror:
+            why = f"no answer within {timeout:g} s"
+        raise ConnectionError(f"MLflow server {uri} is unreachable ({why}); check "
+                              "log.mlflow_uri and that the server runs") from None
 
 
 class MlflowSink(Sink):

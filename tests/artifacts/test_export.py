@@ -277,3 +277,35 @@ def test_warm_started_demo_model_exports_merged_not_peft(tmp_path):
     with torch.no_grad():
         assert torch.allclose(merged(**batch).logits, model.eval()(**batch).logits, atol=1e-5,
                               rtol=0)
+
+
+def test_the_documented_filter_quiets_peft_on_an_adalora_export(runs, tmp_path):
+    """PEFT warns about AdaLoRA's rank_pattern keys (its own adapters' format) on every
+    load; docs/using-a-run.md gives a filter, and that exact filter silences it, while the
+    ranks still apply (the loaded logits are ours)."""
+    import re
+    import warnings
+
+    docs = (ROOT / "docs" / "using-a-run.md").read_text()
+    (call,) = re.findall(r"^warnings\.filterwarnings\((.*)\)$", docs, flags=re.M)
+    message = re.search(r'message="([^"]+)"', call).group(1)
+    run = runs["bert-adalora"]
+    result = export(run, "peft", tmp_path / "peft")
+    assert result.exit_code == 0 and "docs/using-a-run.md" in result.output
+    batch = cls_batch()
+
+    def load(quiet: bool):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if quiet:
+                warnings.filterwarnings("ignore", message=message, category=RuntimeWarning)
+            base = AutoModelForSequenceClassification.from_pretrained(TINY_BERT, num_labels=2)
+            model = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+        return model, [str(w.message) for w in seen if "rank_pattern" in str(w.message)]
+
+    _, loud = load(quiet=False)
+    assert len(loud) == 1 and ".lora_E" in loud[0]  # PEFT's check, our keys in its format
+    model, quiet = load(quiet=True)
+    assert quiet == []
+    with torch.no_grad():
+        assert torch.allclose(model(**batch).logits, ours_logits(run, batch), atol=1e-5, rtol=0)

@@ -93,3 +93,37 @@ def test_checkpoints_follow_the_umask(tmp_path):
         os.umask(old)
     assert {p.name: mode(p) for p in path.iterdir()} == {ckpt.TENSORS: 0o640,
                                                          ckpt.STATE: 0o640}
+
+
+def test_a_run_without_its_summary_says_so(trained, tmp_path):
+    """status.json says finished, summary.json is gone: not 'not a finished run (status:
+    finished)'."""
+    broken = tmp_path / "kept"
+    shutil.copytree(trained / "kept", broken)
+    (broken / "summary.json").unlink()
+    for args in (["export", str(broken), str(tmp_path / "out")], ["eval", str(broken), "-q"]):
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+        assert result.exit_code == 2, args
+        assert result.output.strip() == (f"error: {broken} says it finished but has no "
+                                         "summary.json (deleted or moved?); restore it, or "
+                                         "train the run again"), args
+    (broken / "summary.json").write_text("{cut sho")
+    result = CliRunner().invoke(app, ["export", str(broken), str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert result.output.strip().startswith(f"error: {broken / 'summary.json'} cannot be read (")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_truncated_weights_file_is_named(trained, tmp_path):
+    broken = tmp_path / "kept"
+    shutil.copytree(trained / "kept", broken)
+    weights = broken / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # the end of the tensor data is lost
+    result = CliRunner().invoke(app, ["export", str(broken), str(tmp_path / "out")],
+                                env={"COLUMNS": "400"})
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: {weights} cannot be read (Error while deserializing header: incomplete "
+        "metadata, file not fully covered): it is damaged or truncated; restore it, or train "
+        "the run again")
+    assert not (tmp_path / "out").exists()

@@ -18,6 +18,7 @@ from adalora_cli.artifacts.peft import write_peft
 from adalora_cli.methods import apply_method
 from adalora_cli.methods.adalora import SVDLinear
 from adalora_cli.rundir.layout import ALLOCATOR_STATE
+from adalora_cli.rundir.summary import Summary
 from tests.methods._tiny import run_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:The following rank_pattern keys")
@@ -70,7 +71,7 @@ def test_peft_loads_the_conv1d_adapter(gpt2_dir: Path, tmp_path: Path, method: s
     assert (ours - plain).abs().max() > 1e-2  # the adapter really moves the logits
     out = tmp_path / "peft"
     out.mkdir()
-    info = write_peft(run_dir, model, None, cfg, {}, out)
+    info = write_peft(run_dir, model, None, cfg, Summary(task="causal_lm", method=method), out)
     assert info["task_type"] == "CAUSAL_LM"
     loaded = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(gpt2_dir),
                                             out).eval()

@@ -182,3 +182,18 @@ def test_predict_bad_input_leaves_no_output(runs, tmp_path):
     result = invoke("predict", str(runs["glue"]), "--input", str(SST2), "--output", str(out))
     assert result.exit_code == 2 and "already exists" in result.output
     assert out.read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("tpu", "--device 'tpu' is not a device; use auto, cpu, cuda or cuda:N"),
+    ("cuda:1", "--device cuda:1 but CUDA is not available; use --device cpu (or auto)"),
+])
+def test_predict_device_errors_name_the_option(runs, tmp_path, device, expected):
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "p.jsonl"
+    result = invoke("predict", str(runs["glue"]), "--input", str(SST2), "--output", str(out),
+                    "--device", device)
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {expected}"  # not train.device, a config key
+    assert list(tmp_path.iterdir()) == []

@@ -9,9 +9,7 @@ import typer
 
 from adalora_cli.cli.boundary import boundary, explain
 from adalora_cli.config import ConfigError
-from adalora_cli.engine.signals import Preempted
-from adalora_cli.rundir.run import RunBusy
-from adalora_cli.sweep.local import SweepStopped
+from adalora_cli.errors import Preempted, RunBusy, SweepStopped
 
 INTERRUPTED = "interrupted; the run directory is marked failed"
 

@@ -55,3 +55,52 @@ def test_a_cut_evaluation_is_saved_pending():
     state = ckpt.state_of(stepper, torch.Generator(), ckpt.Position(step=1), [ckpt.rng_state()],
                           {}, eval_pending=True)
     assert ckpt.restore({**state, "step": 1}, tiny_stepper()).eval_pending is True
+
+
+def test_the_loss_scaler_s_skips_and_the_machine_are_saved():
+    stepper = stepped(1)
+    stepper.skipped, stepper.skip_run, stepper.precision = 5, 2, "fp16"
+    rngs = [ckpt.rng_state(), ckpt.rng_state()]  # written by two processes
+    state = {**ckpt.state_of(stepper, torch.Generator(), ckpt.Position(step=1), rngs, {}),
+             "step": 1}
+    assert (state["world_size"], state["precision"]) == (2, "fp16")
+    fresh = tiny_stepper()
+    ckpt.restore(state, fresh)
+    assert (fresh.skipped, fresh.skip_run) == (5, 2)
+    # a checkpoint from before these fields: its world size is its number of RNG states
+    old = {k: v for k, v in state.items() if k not in ("world_size", "precision", "skipped")}
+    assert ckpt.saved_world_size(old) == 2
+    ckpt.restore(old, fresh)
+    assert (fresh.skipped, fresh.skip_run) == (0, 0)
+
+
+def test_a_scaler_saved_without_loss_scaling_leaves_a_new_one_fresh():
+    """A bf16 run resumed where auto gives fp16 (another GPU): the saved scaler state is
+    empty, and the fp16 scaler starts from its initial scale instead of failing."""
+    stepper = stepped(1)  # a disabled scaler (CPU): its state is {}
+    state = {**ckpt.state_of(stepper, torch.Generator(), ckpt.Position(step=1),
+                             [ckpt.rng_state()], {}), "step": 1}
+    fresh = tiny_stepper()
+    fresh.scaler = torch.amp.GradScaler("cpu", init_scale=512.0)
+    ckpt.restore(state, fresh)
+    assert fresh.scaler.get_scale() == 512.0
+
+
+def test_machine_changes_are_named_in_one_line():
+    state = {"world_size": 2, "precision": "bf16", "rng": [{}, {}]}
+    assert ckpt.machine_changes(state, 2, "bf16") == {}
+    changes = ckpt.machine_changes(state, 1, "fp16")
+    assert changes == {"processes": [2, 1], "precision": ["bf16", "fp16"]}
+    assert ckpt.describe_machine_changes(changes) == (
+        "resuming on 1 process a checkpoint written by 2: the weights, optimizer, lr and "
+        "budget schedules, rank allocator and data order carry on exactly, but each "
+        "process's random stream (dropout) and the sum of gradients over processes cannot, "
+        "so the run matches an uninterrupted one only up to those; this device runs fp16 "
+        "autocast where the checkpoint ran bf16 autocast: the run goes on so, with a fresh "
+        "loss scaler")
+    assert "\n" not in ckpt.describe_machine_changes(changes)
+    assert ckpt.describe_machine_changes({"processes": [1, 4]}).startswith(
+        "resuming on 4 processes a checkpoint written by 1:")
+    assert ckpt.describe_machine_changes({"precision": ["fp16", "fp32"]}) == (
+        "this device runs fp32 where the checkpoint ran fp16 autocast: the run goes on so, "
+        "without its loss scaler")

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from adalora_cli.engine.distributed import World, per_rank_batch, shard
-from adalora_cli.rundir.run import read_metrics
+from adalora_cli.rundir.run import RunDir, read_metrics
 
 from .conftest import ROOT, SMOKE, forked
 
@@ -90,6 +90,30 @@ def test_resume_on_another_number_of_processes(no_dropout, one_process, tmp_path
     assert forked(args(no_dropout, out, "train.save_every=3"), "kill@step=14") == -9
     proc = adalora("train", "--resume", str(out), "--quiet", "--nproc", "2")
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("note: resuming on 2 processes a checkpoint written by 1:") == 1
+    assert_same_run(one_process, out)
+
+
+@pytest.mark.e2e
+def test_a_two_process_checkpoint_resumes_on_one_and_says_what_carries_over(
+        no_dropout, one_process, tmp_path):
+    """Stopped on two processes in step 14 (last checkpoint: step 12), finished on one:
+    without dropout the one thing that cannot carry over is absent, so it is the same run;
+    the resume says in one note what is exact and records the change in status.json."""
+    out = tmp_path / "run"
+    first = adalora(*args(no_dropout, out, "train.save_every=3"), "--nproc", "2",
+                    env={"ADALORA_FAULT": "term@midstep=14"})
+    assert first.returncode == 75, first.stderr
+    proc = adalora("train", "--resume", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: resuming on 1 process a checkpoint written by 2: the weights, optimizer, lr "
+        "and budget schedules, rank allocator and data order carry on exactly, but each "
+        "process's random stream (dropout) and the sum of gradients over processes cannot, "
+        "so the run matches an uninterrupted one only up to those (recorded in status.json)"]
+    resumes = RunDir.read_status(out)["resumes"]
+    assert [(r["attempt"], r["processes"]) for r in resumes] == [(2, [2, 1])]
     assert_same_run(one_process, out)
 
 
@@ -171,6 +195,73 @@ def test_mask_checksums_are_compared_across_ranks(tmp_path, diverge):
         assert results == [expected, expected]
 
 
+def _allocator_worker(rank: int, init: str, handle, from_rank0: bool, out: str) -> None:
+    """One rank of a tiny AdaLoRA model (built before the fork: the same weights and
+    gradients on both ranks) whose importance averages then differ by rank, as CUDA's
+    unordered reductions make them differ, only more; then a mask event. Writes the mask the
+    rank ended with and the one its own scores chose."""
+    import torch.distributed as dist
+
+    from adalora_cli.engine.distributed import check_masks, masks_from_rank0
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    w = World(rank, 2, rank)
+    allocator = handle.allocator
+    if from_rank0:
+        masks_from_rank0(allocator, w)
+    noise = torch.Generator().manual_seed(100 + rank)
+    allocator.U_bar.mul_(1 + torch.rand(allocator.U_bar.shape, generator=noise))
+    report = allocator.step(3)  # b(3) = 10 + floor(38 * 4^3 / 5^3) = 29 triplets kept
+    own = torch.zeros_like(allocator.mask)
+    own[torch.argsort(allocator.scores(), descending=True, stable=True)[:29]] = 1.0
+    try:
+        check_masks(allocator.mask, 3, w)
+        guard = "ok"
+    except RuntimeError as err:
+        guard = str(err)
+    torch.save({"mask": allocator.mask.clone(), "own": own, "ranks": report.ranks,
+                "guard": guard}, Path(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("from_rank0", [True, False])
+def test_masks_are_rank_0_s_choice_even_where_scores_differ(tmp_path, from_rank0):
+    import multiprocessing as mp
+
+    from adalora_cli.methods import apply_method
+    from tests.methods._tiny import run_config, tiny_batch, tiny_bert
+
+    model = tiny_bert(0)
+    cfg = run_config("adalora", adalora={"budget": 10, "t_init": 2, "t_final": 3,
+                                         "delta_t": 1})
+    handle = apply_method(model, cfg, 10)
+    torch.manual_seed(1)
+    for _, layer in handle.layers:  # lam = 0 (its start) would give every entry score 0
+        layer.lam.data.normal_()
+    model(**tiny_batch(1)).loss.backward()
+    handle.allocator.step(1)  # warm-up: scores only, the same on both ranks
+
+    init = f"file://{tmp_path / 'store'}"
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_allocator_worker,
+                         args=(r, init, handle, from_rank0, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    zero, one = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert not torch.equal(zero["own"], one["own"])  # the ranks' scores disagree
+    assert int(zero["own"].sum()) == int(one["own"].sum()) == 29
+    if from_rank0:  # as the loop sets it up: rank 0's choice everywhere
+        assert torch.equal(zero["mask"], zero["own"]) and torch.equal(one["mask"], zero["own"])
+        assert zero["ranks"] == one["ranks"] and sum(zero["ranks"].values()) == 29
+        assert zero["guard"] == one["guard"] == "ok"
+    else:  # each rank on its own: the masks diverge, and the guard says so
+        assert torch.equal(one["mask"], one["own"])
+        assert zero["guard"].startswith("AdaLoRA masks diverged across processes at step 3")
+
+
 @pytest.mark.e2e
 def test_a_rank_side_error_is_one_line_under_nproc(tmp_path):
     """The ranks find the bad model; rank 0 says so once and the launcher adds nothing."""
@@ -181,3 +272,39 @@ def test_a_rank_side_error_is_one_line_under_nproc(tmp_path):
     assert lines == ["error: model folder tests/fixtures/no-such-model does not exist; set "
                      "model.name_or_path to a local model folder or a hub id"]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.e2e
+def test_a_killed_rank_is_said_by_its_partner_and_the_launcher(tmp_path):
+    """Rank 1 SIGKILLed after step 5: rank 0's next collective fails; it says a rank died
+    (not gloo's socket error) and how to resume, and the launcher says which rank and how."""
+    out = tmp_path / "run"
+    proc = adalora("train", SMOKE, "--nproc", "2", "--run-dir", str(out), "--quiet",
+                   env={"ADALORA_FAULT": "kill:1@step=5"})
+    assert proc.returncode == 128 + 9
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines, proc.stderr + "|||" + proc.stdout
+    said = lines[0].removeprefix("error: ")
+    assert said.startswith("another process of this 2-process run died (Connection ")
+    assert said.endswith(f"), so rank 0 stopped too; that process's own output (or the kernel "
+                         "log, for the out-of-memory killer) says why; adalora train --resume "
+                         f"{out} --nproc 2 continues the run (run directory marked failed: "
+                         f"{out})")
+    assert lines[1:] == ["error: rank 1 was killed by SIGKILL (as the out-of-memory killer "
+                         "does)"]
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and status["error"].startswith("RankDied: another")
+
+
+def test_only_a_lost_peer_of_a_distributed_run_is_a_dead_rank():
+    from adalora_cli.engine.distributed import rank_died
+
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[127.0.0.1]:50388. This is typically caused by a remote worker")
+    assert rank_died(gloo, World(0, 1, 0)) is None  # one process: nothing to lose
+    assert rank_died(RuntimeError("shape mismatch"), World(0, 2, 0)) is None
+    died = rank_died(gloo, World(1, 4, 1), "runs/x")
+    assert str(died) == ("another process of this 4-process run died (Connection closed by "
+                         "peer), so rank 1 stopped too; that process's own output (or the "
+                         "kernel log, for the out-of-memory killer) says why; adalora train "
+                         "--resume runs/x --nproc 4 continues the run")

@@ -48,10 +48,14 @@ def test_the_start_scores_are_printed(tmp_path, in_repo):
                                       "--run-dir", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
     start = _summary(tmp_path / "r")["metrics_at_start"]["validation"]
-    line = "validation before training: " + "  ".join(
-        f"{k} {v:.4f}" for k, v in start.items())
-    # once when measured (a plain line off a terminal) and again beside the final scores
-    assert result.output.count(line) == 2, result.output
+    shown = "  ".join(f"{k} {v:.4f}" for k, v in start.items())
+    lines = result.output.splitlines()
+    # once when measured (a plain line off a terminal), as every evaluation before the end
+    assert lines.count(f"step 0/2  validation: {shown}") == 1, result.output
+    # and again just before the final scores, which it precedes
+    final = _summary(tmp_path / "r")["metrics"]["validation"]
+    at = lines.index(f"validation before training: {shown}")
+    assert lines[at + 1] == "validation: " + "  ".join(f"{k} {v:.4f}" for k, v in final.items())
 
 
 def test_method_none_trains_nothing_and_keeps_the_base(smoke_runs, tmp_path):

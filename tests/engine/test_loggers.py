@@ -40,4 +40,5 @@ def test_evaluations_reach_files_trackers_and_the_bar():
     logger.evaluations_done()
     assert files.calls == [("log", {"step": 5, "split": "validation", "accuracy": 0.75})]
     assert trackers.calls == [("log_eval", 5, "validation", {"accuracy": 0.75})]
-    assert progress.calls == [("note", "evaluating validation"), ("note", "")]
+    assert progress.calls == [("note", "evaluating validation"),
+                              ("scores", 5, "validation", {"accuracy": 0.75}), ("note", "")]

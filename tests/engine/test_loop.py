@@ -1,5 +1,5 @@
-"""The loop's own rows: a non-finite loss stops the run before it reaches metrics.jsonl,
-naming the causes that apply to the run."""
+"""The loop's own rows, and a non-finite loss without loss scaling: it stops the run before
+the optimizer step and before its row reaches metrics.jsonl, naming the causes that apply."""
 
 from __future__ import annotations
 
@@ -24,24 +24,36 @@ def _stepper(dtype=torch.float32, scaler=False, lr=3e-3) -> Stepper:
                    torch.amp.GradScaler("cpu", enabled=scaler))
 
 
-def test_a_non_finite_loss_fails_before_its_row_is_written():
+def test_a_non_finite_loss_fails_before_the_optimizer_step():
+    stepper = _stepper()
+    x = torch.ones(2, 4)
+    stepper.model(x).sum().backward()
+    before = [p.detach().clone() for p in stepper.handle.trainable]
     with pytest.raises(FloatingPointError) as err:
-        _train_row(7, math.nan, StepLog(1e-3), None, _stepper())
+        stepper.update(7, math.nan)
     # an fp32 model without a loss scaler: the learning rate (as configured) is all that is left
     assert str(err.value) == ("loss became nan at step 7; likely causes: "
                               "train.learning_rate=0.003 is too high (lower it)")
-    assert _train_row(7, 0.1234567, StepLog.of(1e-3, StepReport(12)), None, _stepper()) == {
+    assert all(torch.equal(p, q) for p, q in zip(stepper.handle.trainable, before))
+    assert _train_row(7, 0.1234567, StepLog.of(1e-3, StepReport(12)), None) == {
         "step": 7, "loss": 0.123457, "lr": 1e-3, "budget": 12}
 
 
-def test_the_non_finite_message_names_half_precision_weights_and_fp16_overflow():
+def test_the_non_finite_message_names_half_precision_weights():
     with pytest.raises(FloatingPointError) as err:
-        _train_row(2, math.inf, StepLog(1e-3), None,
-                   _stepper(torch.float16, scaler=True, lr=1e-4))
+        _stepper(torch.float16, lr=1e-4).update(2, math.inf)
     assert str(err.value) == (
         "loss became inf at step 2; likely causes: the model holds float16 weights (set "
-        "model.base_dtype=fp32); fp16 autocast overflowed (set train.precision=bf16 or fp32); "
-        "train.learning_rate=0.0001 is too high (lower it)")
+        "model.base_dtype=fp32); train.learning_rate=0.0001 is too high (lower it)")
     with pytest.raises(FloatingPointError, match="holds bfloat16 weights") as err:
-        _train_row(2, math.nan, StepLog(1e-3), None, _stepper(torch.bfloat16))
+        _stepper(torch.bfloat16).update(2, math.nan)
     assert "overflowed" not in str(err.value)
+
+
+def test_a_skipped_step_s_row_has_a_null_loss_and_says_skipped():
+    """Only a step the fp16 loss scaler skipped reaches the row with a non-finite loss."""
+    log = StepLog.of(1e-3, StepReport(12), skipped=True)
+    assert _train_row(3, math.inf, log, None) == {"step": 3, "loss": None, "lr": 1e-3,
+                                                  "budget": 12, "skipped": True}
+    assert _train_row(3, 0.5, StepLog(1e-3, skipped=True), None) == {
+        "step": 3, "loss": 0.5, "lr": 1e-3, "skipped": True}

@@ -101,12 +101,12 @@ def test_an_evaluation_before_training_stays_out_of_the_eta(monkeypatch):
     clock = FakeClock()
     with TrainProgress(total=4, clock=clock) as bar:
         clock.now += 600.0  # ten minutes of scoring the base model
-        bar.report("validation before training: accuracy 0.5000")
+        bar.scores(0, "validation", {"accuracy": 0.5})
         bar.restart_clock()
         clock.now += 5.0
         bar.advance({"step": 1, "loss": 0.5, "lr": 1e-3})
     lines = out.getvalue().splitlines()
-    assert lines[0] == "validation before training: accuracy 0.5000"
+    assert lines[0] == "step 0/4  validation: accuracy 0.5000"
     # 5 s for step 1, 3 to go: the 600 s before training count in neither
     assert lines[1].endswith("elapsed 0:00:05  eta 0:00:15")
 

@@ -8,16 +8,20 @@ with ``keep_checkpoints=3``); resumed, it must end byte-identical to the uninter
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
+from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, RunConfig, apply_overrides, from_dict, load_config
 from adalora_cli.engine import checkpoint as ckpt
 from adalora_cli.rundir.run import RunDir, read_metrics
 
-from .conftest import SMOKE, forked, same_outputs
+from .conftest import ROOT, SMOKE, forked, same_outputs
 
 
 def resume_args(out, *extra):
@@ -94,10 +98,96 @@ def test_the_digest_ignores_exactly_the_keys_that_may_change(in_repo):
     data = cfg.to_dict()
     same = from_dict(apply_overrides(data, ["train.save_every=5", "log.run_name=x",
                                             "train.device=cpu"]))
-    assert ckpt.config_digest(same) == ckpt.config_digest(cfg)
+    assert ckpt.resume_digest(same) == ckpt.resume_digest(cfg)
     for change in ("train.seed=1", "lora.r=3", "task.max_length=16", "sweep.name=x"):
         other = from_dict(apply_overrides(cfg.to_dict(), [change]))
-        assert ckpt.config_digest(other) != ckpt.config_digest(cfg), change
+        assert ckpt.resume_digest(other) != ckpt.resume_digest(cfg), change
+
+
+def test_a_key_added_since_the_checkpoint_unset_does_not_strand_it(in_repo, tmp_path):
+    """A checkpoint written before a config key existed (here adalora.target_rank, added
+    unset) resumes: the key is absent from its record and None now, which changes nothing.
+    The same key set to a value is a change, and is refused by name."""
+    cfg = load_config(SMOKE)
+    old = {k: v for k, v in ckpt.flat_config(cfg).items() if k != "adalora.target_rank"}
+    state = {"config": old, "config_digest": ckpt.resume_digest(old)}
+    path = tmp_path / "checkpoints" / "step-0000012"
+    assert ckpt.resume_digest(old) != ckpt.resume_digest(cfg)  # the digests do differ
+    assert ckpt.check_config(path, state, cfg) == {}
+    changed = load_config(SMOKE, ["adalora.budget=null", "adalora.target_rank=2"])
+    with pytest.raises(ConfigError, match=r"adalora.target_rank '\(absent\)' -> 2.0"):
+        ckpt.check_config(path, state, changed)
+
+
+# ------------------------------------------------------------------ 1b. changed data
+def test_a_resume_on_changed_data_is_refused(smoke, tmp_path, baseline, in_repo):
+    """Rows appended (T would change mid-run) or a label edited in place: refused like a
+    config edit, nothing claimed; the data put back, the run ends as the uninterrupted one."""
+    data = tmp_path / "sst2"
+    shutil.copytree(ROOT / "tests/fixtures/glue/sst2", data)
+    out = tmp_path / "run"
+    assert forked(smoke(out, "train.save_every=3", f"task.data_dir={data}"),
+                  "kill@step=14") == -9
+    train = data / "train.jsonl"
+    original = train.read_text()
+    before = (out / "status.json").read_text()
+    lines = original.splitlines(keepends=True)
+    flipped = json.loads(lines[0])
+    flipped["label"] = 1 - flipped["label"]
+    for edited, change in ((original + "".join(lines[:3]), "train: 64 examples -> 67 examples"),
+                           (json.dumps(flipped) + "\n" + "".join(lines[1:]),
+                            "train: 64 examples as before, but their content differs")):
+        train.write_text(edited)
+        result = CliRunner().invoke(app, resume_args(out))
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == (
+            f"error: the data of {out} changed since step-0000012 was saved ({change}); a "
+            "resumed run must train on the same data: put the data back as it was, or start "
+            "a new run")
+        assert (out / "status.json").read_text() == before  # nothing was claimed or written
+    train.write_text(original)
+    assert forked(resume_args(out)) == 0
+    assert same_outputs(out, baseline) == []
+
+
+def test_a_checkpoint_without_a_data_record_resumes_with_a_note(killed, baseline):
+    """Checkpoints written before the record existed cannot be checked: said, not refused."""
+    out = killed
+    for path in ckpt.checkpoints(out):
+        state = torch.load(path / ckpt.STATE, weights_only=False)
+        assert state["dataset"]["sizes"] == {"train": 64, "validation": 32}
+        del state["dataset"]
+        torch.save(state, path / ckpt.STATE)
+    result = CliRunner().invoke(app, ["train", "--resume", str(out)])
+    assert result.exit_code == 0, result.output
+    assert ("note: step-0000012 was written before checkpoints recorded their data; "
+            "resuming without checking that the data is the same") in result.output
+    assert same_outputs(out, baseline) == []
+
+
+def test_the_data_fingerprint_follows_content_and_order():
+    import datasets
+
+    from adalora_cli.engine.fingerprint import check_data, data_record, digest
+
+    rows = [{"input_ids": [5, 6, 7], "labels": 0}, {"input_ids": [8], "labels": 1},
+            {"input_ids": [9, 9], "labels": 1}]
+    ds = datasets.Dataset.from_list(rows)
+    assert digest(ds.select([0, 2])) == digest(datasets.Dataset.from_list([rows[0], rows[2]]))
+    assert digest(ds) != digest(ds.select([1, 0, 2]))  # the order is part of the data
+    edited = datasets.Dataset.from_list([rows[0], {**rows[1], "labels": 0}, rows[2]])
+    assert digest(edited) != digest(ds)
+    # a dataset that is not Arrow-backed (SQuAD's windows) is hashed item by item
+    assert digest(rows) == digest([dict(r) for r in rows]) != digest(rows[::-1])
+    record = data_record(ds, {"validation": ds.select([0])})
+    assert record["sizes"] == {"train": 3, "validation": 1}
+    check_data(Path("run/checkpoints/step-0000004"), record, record)  # the same: no error
+    with pytest.raises(ConfigError) as err:
+        check_data(Path("run/checkpoints/step-0000004"), record,
+                   data_record(edited, {"validation": ds}))
+    assert str(err.value).startswith(
+        "the data of run changed since step-0000004 was saved (train: 3 examples as before, "
+        "but their content differs; validation: 1 examples -> 3 examples); ")
 
 
 # ------------------------------------------------------------------ 2. torn logs
@@ -172,3 +262,40 @@ def test_newest_readable_names_what_it_skipped(tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint of .* can be read"):
         ckpt.newest_readable(tmp_path)
     assert ckpt.newest_readable(tmp_path / "nothing") is None
+
+
+def test_a_checkpoint_without_its_state_is_named_not_passed_over(tmp_path):
+    """A step folder that lost state.pt used to be invisible: the resume fell back to an
+    older checkpoint, or started the run over from step 0, without a word."""
+    cfg = RunConfig()
+    for step in (3, 6):
+        ckpt.save_checkpoint(tmp_path, step, {"w": torch.zeros(2)},
+                             {"rng": [], **_state(cfg)}, keep=3)
+    (tmp_path / "checkpoints" / "step-0000006" / ckpt.STATE).unlink()
+    notes: list[str] = []
+    path, state = ckpt.newest_readable(tmp_path, notes.append)
+    assert path.name == "step-0000003" and state["step"] == 3
+    assert notes == [f"skipped unreadable checkpoint(s) {tmp_path}/checkpoints/step-0000006: "
+                     f"no state.pt; resuming from step-0000003, the newest one that loads"]
+    (path / ckpt.STATE).unlink()
+    with pytest.raises(ConfigError) as err:  # not "no checkpoint yet: start over"
+        ckpt.newest_readable(tmp_path)
+    assert str(err.value) == (f"no checkpoint of {tmp_path} can be read ({tmp_path}/checkpoints/"
+                              f"step-0000006: no state.pt); delete {tmp_path}/checkpoints to "
+                              "start the run over")
+
+
+def test_a_truncated_checkpoint_file_is_named(tmp_path):
+    cfg = RunConfig()
+    for step in (3, 6):
+        ckpt.save_checkpoint(tmp_path, step, {"w": torch.zeros(64)},
+                             {"rng": [], **_state(cfg)}, keep=3)
+    tensors = tmp_path / "checkpoints" / "step-0000006" / ckpt.TENSORS
+    tensors.write_bytes(tensors.read_bytes()[:-16])
+    notes: list[str] = []
+    path, _ = ckpt.newest_readable(tmp_path, notes.append)
+    assert path.name == "step-0000003"
+    assert notes == [f"skipped unreadable checkpoint(s) {tensors.parent}: ValueError: "
+                     f"{ckpt.TENSORS} cannot be read (SafetensorError: Error while deserializing "
+                     "header: incomplete metadata, file not fully covered); resuming from "
+                     "step-0000003, the newest one that loads"]

@@ -83,8 +83,10 @@ def make_stepper(grad_accum=1, max_grad_norm=0.0, scaler=None):
     handle = MethodHandle(
         name="tiny", adapter=[model.lin.weight], head=[model.lin.bias], reg_weight=GAMMA,
         regularizer=lambda: (model.lin.weight ** 2).sum(),
-        # after_step sees the step number, and the gradients before they are cleared
-        after_step=lambda t: seen.append((t, model.lin.weight.grad is not None))
+        # after_step sees the step number, and the gradients before they are cleared (or
+        # that the loss scaler skipped the step, tests/engine/test_skipped_steps.py)
+        after_step=lambda t, scored=True: seen.append(
+            (t, model.lin.weight.grad is not None) if scored else (t, "skipped"))
         or StepReport(10 - t, {"lin": t}))
     opt = torch.optim.AdamW(handle.trainable, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))

@@ -43,3 +43,6 @@ def test_dry_run_prints_both_counts(in_repo):
     assert info["adapter_params_at_r0"] == info["adapter_params"] == 4 * (8 * 65 + 4 * 70)
     assert (info["final_params_min"], info["final_params_max"]) == (16 * 65, 16 * 70)
     assert "b(T) = 16 keeps 1,040 to 1,120 by rank pattern" in result.output
+    # b(T) over the 12 adapted matrices: the mean final rank, printed and in the JSON line
+    assert info["final_mean_rank"] == round(16 / 12, 4)
+    assert "mean final rank b(T)/n = 16/12 = 1.3333" in result.output

@@ -236,3 +236,32 @@ def test_budget_figure_bands_are_mean_plus_minus_std(tmp_path, monkeypatch):
     # sample std by hand: (70, 74, 72) -> 2.0; (80, 80, 83) -> sqrt(3) = 1.7321
     ys = {round(v, 4) for v in vertices[:, 1]}
     assert {70.0, 74.0, round(81 - 3 ** 0.5, 4), round(81 + 3 ** 0.5, 4)} <= ys
+
+
+def test_figure_names_read_plainly_and_figure_5_ticks_are_numbers(tmp_path, monkeypatch):
+    """A run outside a sweep is named by its size: b(T) reads bT, a task keeps its
+    underscore (causal_lm, not causal-lm); Figure 5's log axis is labelled 0.2, 0.5, 1, 2
+    rather than 2 x 10^-1."""
+    path = make_run(tmp_path, "lm", 0, 0.5, task="causal_lm", level=None,
+                    summary_extra={"metrics": {"validation": {"loss": 5.6}}})
+    (path / "rank_pattern.json").write_text(json.dumps({"model.layers.0.self_attn.q_proj": 2}))
+    (path / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "orth_reg": r}) + "\n" for s, r in ((1, 2.0), (2, 0.7), (3, 0.2))))
+    ticks = {}
+    save = figures._save
+
+    def keep_ticks(fig, path):
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        ticks[path.name] = [t.get_text() for t in ax.get_yticklabels(minor=False)
+                            + ax.get_yticklabels(minor=True) if t.get_text()]
+        return save(fig, path)
+
+    monkeypatch.setattr(figures, "_save", keep_ticks)
+    paths, _ = figures.write_figures(build_report([tmp_path]), tmp_path / "fig")
+    assert sorted(p.name for p in paths) == [
+        "fig3_rank_causal_lm-adalora-r0=4-bT=144.png", "fig4_budget_causal_lm.png",
+        "fig5_orth_causal_lm.png"]
+    labels = ticks["fig5_orth_causal_lm.png"]
+    assert {"0.2", "1", "2"} <= set(labels) and not any("10^" in t or "times" in t
+                                                        for t in labels), labels

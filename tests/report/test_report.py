@@ -7,6 +7,7 @@ written into the fixtures, never read back from the implementation.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
@@ -283,6 +284,19 @@ def test_duplicate_seed_is_reported(runs):
     assert len(notes) == 1 and "seed 0" in notes[0]
 
 
+def test_runs_inside_a_run_directory_are_found_and_named(runs):
+    """`train --run-dir X` and then a sweep into X: the report used to stop at X and show
+    one row. Runs in the run's own folders (model/, checkpoints/, eval/) are not runs."""
+    outer = runs / "rte-bitfit-s0"
+    make_run(outer, "rte-lora-s7", "rte", "lora", 7, acc(0.70), 144, params=800)
+    make_run(outer / "checkpoints", "step-0000001", "rte", "lora", 9, acc(0.1), 144)
+    report = build_report([outer])
+    assert sorted(r.path.name for r in report.runs) == ["rte-bitfit-s0", "rte-lora-s7"]
+    assert report.notes == [f"{outer} is a run directory holding 1 other run in its folder; "
+                            "they are reported as runs of their own (keep a sweep's runs out "
+                            "of run directories: --sweep-dir)"]
+
+
 def test_figures_are_pngs(runs, tmp_path):
     out = tmp_path / "fig"
     paths, warnings = write_figures(build_report([runs]), out)
@@ -304,6 +318,50 @@ def test_cli_writes_every_format(runs, tmp_path):
     assert {p.name for p in out.iterdir()} == {"report.md", "report.tex", "results.csv",
                                                "training_cost.csv", "figures"}
     assert len(list((out / "figures").glob("*.png"))) == 4
+
+
+def _full_disk(monkeypatch, victim: str) -> None:
+    """Writes fail as on a full disk: ``report.md`` after half its text, a PNG with the file
+    created and nothing in it (what a full disk left before)."""
+    real = Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        if self.name == "report.md":
+            real(self, data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, data, *args, **kwargs)
+
+    def savefig(self, fname, *args, **kwargs):
+        Path(fname).write_bytes(b"")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if victim == "report.md":
+        monkeypatch.setattr(Path, "write_text", write_text)
+    else:
+        from matplotlib.figure import Figure
+
+        monkeypatch.setattr(Figure, "savefig", savefig)
+
+
+@pytest.mark.parametrize("victim, failed", [
+    ("report.md", "report.md"), ("png", "figures/fig3_rank_rte-adalora-b144.png")])
+def test_a_full_disk_leaves_the_out_folder_as_it_was(runs, tmp_path, monkeypatch, victim,
+                                                     failed):
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.md").write_text("the earlier report\n")
+    _full_disk(monkeypatch, victim)
+    result = runner.invoke(app, ["report", str(runs), "--format", "markdown,csv", "--out",
+                                 str(out)])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (f"error: could not write {out / failed}: No space left "
+                                     "on device (free some space)")
+    assert [p.name for p in out.iterdir()] == ["report.md"]  # no partial folder, no figures
+    assert (out / "report.md").read_text() == "the earlier report\n"
+    fresh = tmp_path / "fresh" / "report"  # a folder made for the report goes again
+    result = runner.invoke(app, ["report", str(runs), "--format", "markdown", "--out",
+                                 str(fresh)])
+    assert result.exit_code == 1 and not fresh.exists()
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -340,3 +398,43 @@ def test_unfinished_runs_say_whether_they_live(tmp_path):
     (stopped / "status.json").write_text(json.dumps({"status": "preempted", "step": 7}))
     assert load_run(stopped) == (f"preempted at step 7; resume with adalora train --resume "
                                  f"{stopped}")
+
+
+def test_size_keys_are_never_extra_columns(tmp_path):
+    """AdaLoRA alone at two budget levels differs in adalora.budget and init_rank; b(T) and
+    the row's size say so already. A key that really differs within a task still shows."""
+    for level, r0 in ((12, 2), (24, 4)):
+        for seed in (0, 1):
+            make_run(tmp_path, f"a{level}s{seed}", "sst2", "adalora", seed, acc(0.5), level,
+                     size={"adalora": {"init_rank": r0}})
+    (table,) = build_report([tmp_path]).tables
+    assert table.differs == []
+    make_run(tmp_path, "lr", "sst2", "adalora", 0, acc(0.5), 12,
+             size={"adalora": {"init_rank": 2}, "train": {"learning_rate": 0.01}})
+    (table,) = build_report([tmp_path]).tables
+    assert table.differs == ["train.learning_rate"]
+
+
+def test_a_report_written_with_out_is_printed_too(runs, tmp_path):
+    """--out writes the files and still shows the report: the first text format asked for
+    goes to stdout (the same text as the file), the list of files to stderr."""
+    out = tmp_path / "report"
+    result = runner.invoke(app, ["report", str(runs), "--format", "markdown,csv", "--out",
+                                 str(out), "--no-figures"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (out / "report.md").read_text() + "\n"
+    assert "wrote 3 files" in result.stderr
+
+
+def test_extra_columns_come_from_the_tables_own_tasks(tmp_path):
+    """Two learning rates of AdaLoRA on a causal-LM task split its rows by lr; the GLUE
+    table, whose rows do not differ, gets no lr column from the other table's task."""
+    lm = {"validation": {"loss": 5.0, "perplexity": 148.4}}
+    for lr in (1e-3, 2e-3):
+        make_run(tmp_path, f"lm-{lr}", "causal_lm", "adalora", 0, lm, 16,
+                 size={"train": {"learning_rate": lr}})
+    make_run(tmp_path, "rte", "rte", "adalora", 0, acc(0.7), 16,
+             size={"train": {"learning_rate": 1e-3}})
+    tables = {t.family: t for t in build_report([tmp_path]).tables}
+    assert tables["other"].differs == ["train.learning_rate"]
+    assert tables["glue"].differs == []

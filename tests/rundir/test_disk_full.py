@@ -20,6 +20,7 @@ import torch
 
 from adalora_cli.config import RunConfig
 from adalora_cli.engine import checkpoint as ckpt
+from adalora_cli.errors import WriteFailed
 from adalora_cli.rundir import run as rundir
 from adalora_cli.rundir.owner import Heartbeat
 from adalora_cli.rundir.run import RunDir
@@ -74,7 +75,7 @@ def test_a_config_that_cannot_be_written_leaves_a_failed_run(tmp_path, monkeypat
     with pytest.raises(OSError) as err:
         RunDir.create(tmp_path / "run", RunConfig())
     assert str(err.value) == (f"[Errno 28] could not write {tmp_path / 'run' / 'config.yaml'}: "
-                              "No space left on device")
+                              "No space left on device (free some space)")
     assert RunDir.read_status(tmp_path / "run")["status"] == "failed"
 
 
@@ -119,7 +120,7 @@ def test_a_checkpoint_past_the_file_size_limit_names_the_file(tmp_path, big):
         64 * 1024, lambda: ckpt.save_checkpoint(tmp_path, 3, tensors, state, keep=1))
     name = ckpt.TENSORS if big == "tensors" else ckpt.STATE
     where = tmp_path / "checkpoints" / "step-0000003" / name
-    assert message == (f"WriteFailed: [Errno 5] could not write {where}: the file size limit "
+    assert message == (f"WriteFailed: [Errno 27] could not write {where}: the file size limit "
                        "(ulimit -f, 65536 bytes) was reached; raise it, then resume the run")
     assert list((tmp_path / "checkpoints").iterdir()) == []  # nothing half-written
 
@@ -131,8 +132,8 @@ def test_torchs_unexpected_pos_on_a_full_disk_is_said_plainly(tmp_path, monkeypa
 
     monkeypatch.setattr(torch, "save", torch_on_a_full_disk)
     monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_bavail=2, f_frsize=4096))
-    with pytest.raises(ckpt.WriteFailed) as err:
+    with pytest.raises(WriteFailed) as err:
         ckpt.save_checkpoint(tmp_path, 7, {"w": torch.zeros(2)}, {}, keep=1)
     where = tmp_path / "checkpoints" / "step-0000007" / ckpt.STATE
-    assert str(err.value) == (f"[Errno 5] could not write {where}: No space left on device "
+    assert str(err.value) == (f"[Errno 28] could not write {where}: No space left on device "
                               "(free some space, then resume the run)")

@@ -10,8 +10,10 @@ import time
 import pytest
 
 from adalora_cli.config import ConfigError, RunConfig
+from adalora_cli.errors import RunBusy
 from adalora_cli.rundir import owner as lifecycle
-from adalora_cli.rundir.run import RunBusy, RunDir
+from adalora_cli.rundir.run import RunDir
+from adalora_cli.rundir.summary import Summary
 
 
 def write_status(path, **fields):
@@ -96,7 +98,7 @@ def test_resume_claims_are_exclusive_and_refuse_finished_runs(tmp_path):
     again = RunDir.reopen(run.path)
     status = RunDir.read_status(run.path)
     assert status["status"] == "running" and status["attempt"] == 2
-    again.finish({"task": "rte"})
+    again.finish(Summary(task="rte", method="lora"))
     with pytest.raises(ConfigError, match="is finished; nothing to resume"):
         RunDir.reopen(run.path)
 

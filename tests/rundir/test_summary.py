@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from adalora_cli.rundir.summary import ReportColumn, Summary, TaskReport, read_summary
+from adalora_cli.rundir.summary import (
+    ExportFacts,
+    ReportColumn,
+    Summary,
+    TaskReport,
+    read_summary,
+)
 
 RTE = TaskReport("RTE", "glue", (ReportColumn("Acc", ("validation",), "accuracy", 100),))
 
@@ -14,13 +20,14 @@ RTE = TaskReport("RTE", "glue", (ReportColumn("Acc", ("validation",), "accuracy"
 def test_a_written_summary_reads_back_equal(tmp_path):
     summary = Summary(task="rte", method="adalora", seed=3, metrics={"validation": {
         "accuracy": 0.75}}, budget_level=144, size="r0=4", config_digest="ab" * 32,
-        report=RTE, final_adapter_params=600,
-        extra={"data": {"train": 64}, "checkpoint_bytes": 10})
+        report=RTE, final_adapter_params=600, data={"train": 64}, checkpoint_bytes=10,
+        export=ExportFacts(base_model="m", target_modules=["a.q"]))
     data = summary.to_dict()
-    # what the loop adds stays at the top level, beside the named fields
-    assert data["data"] == {"train": 64} and "extra" not in data
+    assert data["data"] == {"train": 64} and data["checkpoint_bytes"] == 10
     assert data["report"] == {"title": "RTE", "family": "glue", "columns": [
-        {"label": "Acc", "splits": ["validation"], "metric": "accuracy", "scale": 100}]}
+        {"label": "Acc", "splits": ["validation"], "metric": "accuracy", "scale": 100,
+         "lower_is_better": False}]}
+    assert data["export"]["base_model"] == "m" and data["export"]["target_modules"] == ["a.q"]
     (tmp_path / "summary.json").write_text(json.dumps(data))
     assert read_summary(tmp_path) == summary
 
@@ -40,6 +47,9 @@ def test_an_older_summary_reads_with_the_new_fields_missing(tmp_path):
     assert (summary.size, summary.config_digest, summary.report) == (None, None, None)
     assert summary.adapter_params == 800 and summary.weights == old["weights"]
     assert summary.to_dict() == {**Summary(task="rte", method="lora").to_dict(), **old}
+    # a newer writer's keys are not read, and a damaged export record reads as empty
+    newer = Summary.from_dict({**old, "from_the_future": 1, "export": [1]})
+    assert newer.export == ExportFacts() and "from_the_future" not in newer.to_dict()
 
 
 @pytest.mark.parametrize("data, reason", [
@@ -76,7 +86,12 @@ def test_a_trained_run_records_size_columns_and_digest(tmp_path, in_repo):
     assert summary.report == TaskReport("SST-2", "glue", (
         ReportColumn("Acc", ("validation",), "accuracy", 100),))
     assert summary.config_digest == config_digest(load_config(out / "config.yaml"))
-    assert {"data", "checkpoint_bytes"} <= set(summary.extra)  # added by the loop
+    assert summary.data["train_examples"] == 64 and summary.checkpoint_bytes > 0
+    # the end-of-run facts: what trained, LoRA r=2 on the 2 layers of tiny-bert (hidden 32,
+    # FFN 37): four 32x32 attention matrices and the 32<->37 FFN pair per layer, + the head
+    assert summary.adapter_params == 2 * (4 * 2 * (32 + 32) + 2 * 2 * (32 + 37))
+    assert summary.trainable_params == summary.adapter_params + summary.head_params
+    assert summary.final_mean_rank is None  # LoRA keeps no budget
 
     bad = tmp_path / "bad"
     # the model folder does not exist either: the method is named first, before any loading

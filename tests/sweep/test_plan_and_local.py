@@ -167,6 +167,27 @@ def test_failed_runs_are_recorded_and_the_others_go_on(tmp_path, in_repo):
     assert sorted(kinds[2:]) == [("bad0", "failed"), ("bad1", "failed")]
 
 
+def test_a_long_child_error_is_kept_whole(tmp_path):
+    """A child's one-line error (a deep path makes it long) reaches the sweep's summary and
+    ``--status`` whole: the fix is at its end (cut at 300 characters it lost "or upgrade
+    transformers if the architecture is newer")."""
+    from adalora_cli.sweep.local import _last_error
+    from adalora_cli.sweep.status import _directory_state
+
+    path = "/clusters/" + "deep-folder-name/" * 16 + "bert/config.json"
+    line = (f"error: {path} has model_type 'brt', which transformers 5.24.0 does not know; "
+            "did you mean 'bert'? fix it, or upgrade transformers if the architecture is newer")
+    assert len(line) > 400
+    log = tmp_path / "run.log"
+    log.write_text(f"$ python -m adalora_cli train ...\n{line}\n")
+    assert _last_error(log) == line
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("task: {}\n")
+    (run / "status.json").write_text(json.dumps({"status": "failed", "error": line[7:]}))
+    assert _directory_state(run) == ("failed", line[7:])
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["configs/nope.yaml"], "does not exist"),
     ([SMOKE, "--budget", "8,x"], "--budget takes a comma-separated list"),

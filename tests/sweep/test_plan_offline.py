@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, load_config
-from adalora_cli.engine.build import dry_run, resolve_resources
+from adalora_cli.engine.build import resolve_resources
+from adalora_cli.engine.dryrun import dry_run
 from adalora_cli.engine.skeleton import count_adapted
-from adalora_cli.sweep.local import write_manifest
 from adalora_cli.sweep.plan import build_spec, plan
+from adalora_cli.sweep.runs import write_manifest
 
 runner = CliRunner()
 
@@ -35,7 +36,7 @@ runner = CliRunner()
 def test_count_from_the_config_equals_the_count_of_a_real_build(config, overrides, n, in_repo):
     cfg = load_config(Path(config), [*overrides, "method.name=adalora"])
     assert count_adapted(resolve_resources(cfg)) == n
-    assert dry_run(cfg)["info"]["n_matrices"] == n  # today's count: the weights loaded
+    assert dry_run(cfg).n_matrices == n  # today's count: the weights loaded
 
 
 def test_a_warm_started_summarizer_counts_its_bart_layers(in_repo, tmp_path):

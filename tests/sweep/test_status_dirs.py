@@ -50,3 +50,23 @@ def test_a_sweep_folder_lists_its_runs(tmp_path, in_repo, marker):
     result = status(tmp_path)
     assert result.exit_code == 0, result.output
     assert "not started" in result.output
+
+
+@pytest.mark.parametrize("state", ["finished", "running"])
+@pytest.mark.parametrize("mode", [[], ["--dry-run"]])
+def test_a_sweep_never_goes_into_a_run_directory(tmp_path, in_repo, state, mode):
+    """`train --run-dir runs/smoke` and then `sweep experiments/smoke.yaml` (whose default
+    folder is runs/smoke) would put 8 runs inside a run; a report of it showed one row.
+    Planned, dry or real, the sweep refuses before writing anything."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("task: {name: sst2}\n")
+    (run / "status.json").write_text(json.dumps({"status": state}))
+    before = sorted(p.name for p in run.iterdir())
+    result = CliRunner().invoke(app, ["sweep", SMOKE, "--budget", "12", "--sweep-dir",
+                                      str(run), *mode], env={"COLUMNS": "400"})
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        f"error: {run} is a run directory, not a sweep directory (it holds a {state} run; "
+        "--sweep-dir); pass --sweep-dir with another folder")
+    assert sorted(p.name for p in run.iterdir()) == before

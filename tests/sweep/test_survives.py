@@ -93,7 +93,7 @@ def test_a_stopped_sweep_leaves_no_orphans(tmp_path, how):
 
 
 def test_a_sweep_releases_only_its_own_launch_claim(tmp_path):
-    from adalora_cli.sweep.local import claim_launch, release_launch, run_state
+    from adalora_cli.sweep.runs import claim_launch, release_launch, run_state
 
     run = tmp_path / "r"
     assert claim_launch(run) == "empty"  # a new directory: ours to start

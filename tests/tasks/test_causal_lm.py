@@ -246,3 +246,95 @@ def test_chat_rows_need_a_chat_template(tmp_path, in_repo) -> None:
     assert line == (f"error: {FIXTURES}/causal_lm/chat/train.jsonl row 1 holds chat messages "
                     "but the tokenizer has no chat template; give prompt and response columns "
                     "instead")
+
+
+def _jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+GOOD = [{"prompt": f"Question: {i} plus one?\nAnswer:", "response": f" {i + 1}."}
+        for i in range(6)]
+
+
+def test_rows_with_nothing_to_learn_are_left_out_and_named(tmp_path, tok, in_repo) -> None:
+    """A missing, null, empty or blank response is left out with one line naming the rows;
+    what is trained (and counted in the summary) is exactly the whole rows."""
+    bad = [{"prompt": "Question: lost?\nAnswer:"}, {"prompt": "Q: a", "response": None},
+           {"prompt": "Q: b", "response": ""}, {"prompt": "Q: c", "response": "   "}]
+    rows = GOOD[:2] + bad + GOOD[2:]  # rows 3-6 are the bad ones
+    data = _write(tmp_path / "d", _jsonl(rows), _jsonl(GOOD))
+    clean = _write(tmp_path / "clean", _jsonl(GOOD))
+    loaded = _task(f"task.data_dir={data}").load_data(tok)
+    expected = _task(f"task.data_dir={clean}").load_data(tok)
+    assert loaded.train["input_ids"] == expected.train["input_ids"]
+    assert loaded.train["labels"] == expected.train["labels"]
+    assert loaded.info["train_examples"] == 6 and loaded.info["train_left_out"] == 4
+    assert "validation_left_out" not in loaded.info
+    assert loaded.notes == [f"left out 4 of the 10 rows of {data}/train.jsonl: rows 3, 4, 5, 6 "
+                            "have no 'response' (missing, null or empty); the run uses the "
+                            "other 6"]
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["train", str(SMOKE), f"task.data_dir={data}", "-q",
+                                 "method.name=lora", "train.max_steps=1",
+                                 "task.max_new_tokens=0", "--run-dir", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {loaded.notes[0]}" in result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["data"]["train_examples"] == 6 and summary["data"]["train_left_out"] == 4
+
+
+def test_text_rows_without_text_and_a_null_prompt_are_left_out(tmp_path, tok) -> None:
+    texts = [{"text": "one two"}, {"text": None}, {"text": ""}, {"text": "three"}]
+    data = _write(tmp_path / "t", _jsonl(texts))
+    loaded = _task(f"task.data_dir={data}").load_data(tok)
+    assert loaded.info["train_examples"] == 2 and loaded.info["validation_left_out"] == 2
+    assert loaded.notes[0].endswith("rows 2, 3 have no 'text' (missing, null or empty); the "
+                                    "run uses the other 2")
+    pairs = GOOD[:1] + [{"prompt": None, "response": " x"}]
+    data = _write(tmp_path / "p", _jsonl(pairs))
+    assert _task(f"task.data_dir={data}").load_data(tok).notes[0].endswith(
+        "row 2 has no 'prompt' (missing, null or empty); the run uses the other 1")
+
+
+def test_a_file_mixing_row_shapes_is_refused(tmp_path, in_repo) -> None:
+    rows = GOOD + [{"text": "Question: 9 plus one?\nAnswer: 10."}, {"text": "more"}]
+    data = _write(tmp_path / "d", _jsonl(rows), _jsonl(GOOD))
+    line = _train_fails(tmp_path, f"task.data_dir={data}")
+    assert line == (f"error: {data}/train.jsonl mixes row shapes: its rows are prompt + "
+                    "response, but 2 rows (the first is row 7) are text; keep one shape per "
+                    "file, or rewrite those rows in the file's shape")
+
+
+def test_a_split_with_nothing_to_learn_is_refused(tmp_path, in_repo) -> None:
+    rows = [{"prompt": "Q: a", "response": ""}, {"prompt": "Q: b", "response": None}]
+    data = _write(tmp_path / "d", _jsonl(GOOD), _jsonl(rows))
+    line = _train_fails(tmp_path, f"task.data_dir={data}")
+    assert line == (f"error: {data}/validation.jsonl: none of its 2 rows has anything to "
+                    "learn (rows 1, 2 have no 'response' (missing, null or empty)); fill "
+                    "those values in")
+
+
+@pytest.mark.parametrize("messages, expected", [
+    ("hello there", "must be a list of {\"role\": ..., \"content\": ...} objects, got str "
+                    "'hello there'; give a list, or use a prompt column"),
+    (["hi", "there"], "must be a non-empty list of {\"role\": ..., \"content\": ...} objects, "
+                      "got 'hi'"),
+])
+def test_predict_chat_messages_that_are_not_a_chat(smoke_runs, tmp_path, in_repo, messages,
+                                                   expected) -> None:
+    run = smoke_runs(str(SMOKE), "method.name=lora", "train.max_steps=2")
+    given = tmp_path / "in.jsonl"
+    given.write_text(json.dumps({"messages": messages}) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(app, ["predict", str(run), "-i", str(given), "-o", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: the input: chat messages {expected}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_training_chat_messages_that_are_not_a_chat(tmp_path, in_repo) -> None:
+    data = _write(tmp_path / "d", _jsonl([{"messages": "just a string"}]))
+    line = _train_fails(tmp_path, f"task.data_dir={data}")
+    assert line == (f"error: {data}/train.jsonl row 1: chat messages must be a list of "
+                    "{\"role\": ..., \"content\": ...} objects, got str 'just a string'; give "
+                    "a list, or use a prompt column")

@@ -142,3 +142,25 @@ def test_take_and_require_columns():
     assert len(data.take(ds, None)) == len(data.take(ds, 50)) == 5
     with pytest.raises(ConfigError, match="f.csv lacks column 'b'"):
         data.require_columns(ds, ["a", "b"], "f.csv")
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "json"])
+def test_a_bad_json_line_is_located_by_its_line_number(tmp_path, ext):
+    """pandas says "position 1138"; the user needs the line to open the file at."""
+    rows = [json.dumps({"sentence": f"row {i}", "label": i % 2}) for i in range(30)]
+    broken = list(rows)
+    broken[16] = '{"sentence": "broken row, "label": 1}'  # a quote lost: line 17
+    path = tmp_path / f"train.{ext}"
+    path.write_text("\n".join(broken) + "\n")
+    with pytest.raises(ConfigError) as err:
+        data.read_table(path)
+    assert str(err.value) == (f"{path} line 17 is not valid JSON (Expecting ',' delimiter at "
+                              "column 28); fix that line (each line holds one JSON object)")
+    listed = list(rows)
+    listed.insert(20, "")  # blank lines are skipped but still counted
+    listed[25] = '["row 24", 0]'
+    path.write_text("\n".join(listed) + "\n")
+    with pytest.raises(ConfigError) as err:
+        data.read_table(path)
+    assert str(err.value) == (f"{path} line 26 holds a JSON list, not an object; each line "
+                              'must be one {"column": value, ...} row')

@@ -155,3 +155,21 @@ def test_minilm_checkpoint_answers_squad(tmp_path, monkeypatch):
     assert summary["n_matrices"] == 36  # 6 layers x 6 matrices
     predictions = json.loads((out / "predictions.json").read_text())
     assert len(predictions) == 16 and all(predictions.values())  # v1 always answers
+
+
+def test_the_end_of_a_run_prints_one_line_per_split_and_counts_as_integers(adalora_run,
+                                                                            capsys):
+    """Off a terminal (80 columns) a long line of scores is never broken inside a
+    'name value' pair, and SQuAD v2's question counts print as whole numbers."""
+    from adalora_cli.cli.train import print_result
+
+    print_result(adalora_run)
+    lines = capsys.readouterr().out.splitlines()
+    summary = json.loads((adalora_run / "summary.json").read_text())
+    metrics = summary["metrics"]["validation"]
+    assert lines[0] == "validation: " + "  ".join(
+        f"{k} {int(v)}" if k.endswith("_total") else f"{k} {v:.4f}" for k, v in metrics.items())
+    assert "HasAns_total 16  " in lines[0] and len(lines[0]) > 80
+    assert lines[1].startswith(f"{summary['total_steps']} steps in ")
+    assert "final mean rank 1.33 (b(T) 16 over 12 matrices" in lines[1]
+    assert lines[2] == f"run directory: {adalora_run}"

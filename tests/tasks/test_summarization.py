@@ -15,8 +15,9 @@ from adalora_cli.config import ConfigError, from_dict, load_config
 from adalora_cli.methods import apply_method
 from adalora_cli.methods.adapters import HoulsbyAdapter, PfeifferAdapter
 from adalora_cli.methods.allocator import check_schedule
+from adalora_cli.rundir.layout import PREDICTIONS_JSONL as PREDICTIONS
 from adalora_cli.tasks import get_task
-from adalora_cli.tasks.summarization import LABEL_PAD, PREDICTIONS, pad_batch
+from adalora_cli.tasks.summarization import LABEL_PAD, pad_batch
 from tests.conftest import FIXTURES, ROOT
 
 TINY_BART = FIXTURES / "tiny-bart"

@@ -1,0 +1,136 @@
+"""``adalora train --dry-run`` and the sweep's plan: a run's model and method built on the meta
+device from ``config.json`` alone, counted, and nothing trained.
+
+Only shapes are needed to count parameters, so every weight load is intercepted
+(:func:`weightless_loading`) and the task builds its model exactly as it does for training
+(the right head, a warm start): a 7B-shaped config costs seconds and no memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from ..config import RunConfig
+from ..methods import apply_method, parameter_table
+from ..methods.budget_params import budget_info
+from ..methods.registry import check_method
+from ..tasks import get_task
+from ..tasks.pretrained import DTYPE_KEYWORD
+from .build import load_model, resolve_resources
+
+
+@dataclass(frozen=True)
+class ModuleRow:
+    """One adapter module of the dry run's table."""
+
+    module: str
+    kind: str
+    adapter_params: int
+    trainable: int
+
+
+@dataclass(frozen=True)
+class FinalBudget:
+    """A pruning method (AdaLoRA, prune-LoRA): what trains at r0 and what b(T) keeps
+    (``methods/budget_params.py``)."""
+
+    adapter_params_at_r0: int
+    final_budget: int
+    """b(T)."""
+    final_params_min: int
+    final_params_max: int
+    final_params_uniform: int | None
+    """When every matrix can end at rank b(T) / n, the parameters that would keep."""
+    final_mean_rank: float
+    """b(T) / n: the mean final rank of an adapted matrix (docs/maths.md#budget-levels)."""
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What ``adalora train --dry-run`` found: the per-module table and the totals."""
+
+    adapter_params: int
+    """The paper's # Params at the method's initial size."""
+    head_params: int
+    n_matrices: int
+    trainable_params: int
+    total_params: int
+    method: str
+    model: str
+    table: list[ModuleRow] = field(default_factory=list)
+    budget: FinalBudget | None = None
+
+    def info(self) -> dict[str, Any]:
+        """The totals as the command's last, machine-readable line prints them."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("table", "budget")}
+        return out | (asdict(self.budget) if self.budget else {})
+
+
+@contextlib.contextmanager
+def weightless_loading():
+    """Inside: every transformers ``from_pretrained`` builds its model from ``config.json``
+    alone, and everything is created on the meta device (shapes and dtypes, no storage), so
+    a 7B-shaped model costs nothing; a folder without a tokenizer gives ``None``.
+
+    A dry run only counts parameters, and a task builds its model the way it builds it for
+    training (the right head, a warm start), so the loading is intercepted here rather than
+    taught to every task family."""
+    from transformers import AutoTokenizer, PretrainedConfig, PreTrainedModel
+
+    real_model = PreTrainedModel.__dict__["from_pretrained"]
+    real_tokenizer = AutoTokenizer.__dict__["from_pretrained"]
+
+    def from_config_only(cls, name, *args, config=None, **kwargs):
+        if not isinstance(config, PretrainedConfig):
+            config, kwargs = cls.config_class.from_pretrained(
+                config or name, return_unused_kwargs=True, **kwargs)
+        dtype = kwargs.get("dtype") or kwargs.get("torch_dtype")
+        # by the keyword this transformers knows (torch_dtype before 4.56)
+        return cls._from_config(config, **({DTYPE_KEYWORD: dtype} if dtype else {}))
+
+    def tokenizer_if_any(cls, *args, **kwargs):
+        try:
+            return real_tokenizer.__func__(cls, *args, **kwargs)
+        except (OSError, ValueError):  # a config-only folder: nothing needs a tokenizer
+            return None
+
+    PreTrainedModel.from_pretrained = classmethod(from_config_only)
+    AutoTokenizer.from_pretrained = classmethod(tokenizer_if_any)
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        PreTrainedModel.from_pretrained = real_model
+        AutoTokenizer.from_pretrained = real_tokenizer
+
+
+
+def dry_run(cfg: RunConfig) -> DryRun:
+    """Build model and method on the meta device, train nothing; the per-module table plus
+    the totals. Only ``config.json`` is read, so a 7B-shaped config takes seconds."""
+    cfg = resolve_resources(cfg)
+    check_method(cfg)
+    with weightless_loading():
+        model, _ = load_model(get_task(cfg), cfg, torch.float32)
+        handle = apply_method(model, cfg, None)
+    cfg = cfg.with_final_budget(handle.n_matrices)  # adalora.target_rank -> its b(T)
+    kept = budget_info(cfg, handle)  # AdaLoRA: what trains at r0 vs what b(T) keeps
+    budget = None
+    if kept:
+        mean = round(kept["final_budget"] / handle.n_matrices, 4)
+        budget = FinalBudget(**kept, final_mean_rank=mean)
+    return DryRun(
+        adapter_params=handle.adapter_params,
+        head_params=handle.head_params,
+        n_matrices=handle.n_matrices,
+        trainable_params=sum(p.numel() for p in handle.trainable),
+        total_params=sum(p.numel() for p in model.parameters()),
+        method=cfg.method.name,
+        model=cfg.model.name_or_path,
+        table=[ModuleRow(**row) for row in parameter_table(model)],
+        budget=budget,
+    )
