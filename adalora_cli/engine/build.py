@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from huggingface_hub.utils import HFValidationError
+from huggingface_hub.utils import GatedRepoError, HFValidationError
 from safetensors import SafetensorError
 
 from .. import resources
@@ -146,6 +146,11 @@ def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
         check_model_type(name)
         return task.build_model(dtype=dtype)
     except (OSError, HFValidationError) as err:  # missing folder, unknown or unreachable hub id
+        if isinstance(err.__cause__, GatedRepoError):  # Llama, Gemma, Mistral: licence first
+            raise ConfigError(
+                f"could not load model {name!r}: it is a gated repo ({first_line(err)}); "
+                f"accept its licence on https://huggingface.co/{name}, then log in with "
+                "`hf auth login` or set HF_TOKEN to a token of that account") from None
         raise ConfigError(
             f"could not load model {name!r} ({first_line(err)}); "
             "set model.name_or_path to a local folder or check the network") from None

@@ -3,7 +3,10 @@
 Every task family (GLUE, SQuAD, summarization) starts from the same question: which table
 holds each split? The answer comes from ``task.data_files`` (``{split: path}``), else from
 ``task.data_dir`` (one ``<split>.<ext>`` file per split), else from the hub via
-``datasets.load_dataset(dataset_id, config_name)``. Local tables are read with pandas and
+``datasets.load_dataset(dataset_id, config_name)`` at ``task.revision`` (main when unset).
+A hub repo whose main branch still holds a loading script (``EdinburghNLP/xsum``), which
+``datasets`` 4+ refuses to run, is read from the hub's parquet conversion
+(``refs/convert/parquet``) instead, with a one-line note. Local tables are read with pandas and
 handed on as in-memory :class:`datasets.Dataset` objects, so the rest of a task never cares
 where rows came from. Anything the user can fix (a missing file, folder, split or column,
 an unreachable hub) is raised as a one-line :class:`ConfigError` naming the path and the fix.
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -140,25 +145,125 @@ def load_splits(task: TaskConfig, splits: Sequence[str], *, dataset: str | None,
     if dataset is None:
         raise ConfigError(f"task {task.name} needs local data: set task.data_dir or "
                           "task.data_files")
-    return _load_hub(dataset, config_name, splits)
+    return _load_hub(task, dataset, config_name, splits)
 
 
-def _load_hub(dataset: str, config_name: str | None,
+CONVERSION = "refs/convert/parquet"
+"""The hub's parquet conversion of a dataset repo: one ``<config>/<split>/NNNN.parquet``
+tree per config, kept on this ref beside ``main`` (see docs/reproducing.md)."""
+
+_READ_FROM: dict[str, str] = {}
+"""Hub datasets this process read from the conversion because main held a script."""
+
+
+def refused_script(err: BaseException) -> str | None:
+    """The loading script named by ``datasets``' refusal to run one, else None.
+
+    datasets 4+ raises ``RuntimeError("Dataset scripts are no longer supported, but found
+    xsum.py")``; datasets 3 asks for ``trust_remote_code=True`` instead."""
+    text = str(err)
+    if isinstance(err, RuntimeError) and "scripts are no longer supported" in text:
+        return text.rsplit(" ", 1)[-1].strip() or "a loading script"
+    if isinstance(err, ValueError) and "trust_remote_code" in text:
+        return "a loading script"
+    return None
+
+
+def _script_in(dataset: str, revision: str | None = None) -> str | None:
+    """``<name>.py`` when the repo holds that loading script at ``revision`` (main when
+    None), else None.
+
+    Asked only after a load failed for another reason: once this dataset has anything in
+    the local cache, ``datasets`` answers a script with a cache lookup that fails
+    ("Couldn't find cache for ...") instead of naming the script."""
+    from huggingface_hub import file_exists
+
+    script = dataset.rsplit("/", 1)[-1] + ".py"
+    try:
+        found = file_exists(dataset, script, repo_type="dataset", revision=revision)
+    except Exception:  # noqa: BLE001 - offline or unreachable: the load's own error stands
+        return None
+    return script if found else None
+
+
+def _hub_call(dataset: str, config_name: str | None, revision: str | None) -> Any:
+    if revision is None:
+        return datasets.load_dataset(dataset, config_name)
+    if revision.startswith("refs/convert/"):
+        # The conversion keeps each config in a folder of that name ("default" for a repo
+        # without named configs) and no README to declare them: read the folder.
+        return datasets.load_dataset(dataset, data_dir=config_name or "default",
+                                     revision=revision)
+    return datasets.load_dataset(dataset, config_name, revision=revision)
+
+
+def _load_hub(task: TaskConfig, dataset: str, config_name: str | None,
               splits: Sequence[str]) -> dict[str, datasets.Dataset]:
     source = f"{dataset} ({config_name})" if config_name else dataset
-    try:
-        loaded = datasets.load_dataset(dataset, config_name)
-    except Exception as err:  # noqa: BLE001 - offline, missing repo, auth: all user-fixable
-        first = first_line(err)[:200]
-        raise ConfigError(
-            f"could not load {source} from the hub ({type(err).__name__}: {first}); without "
-            f"internet set task.data_dir to a folder with {'/'.join(splits)} files"
-        ) from None
+    files_fix = (f"task.data_files.{splits[0]}=PATH"
+                 + "".join(f" task.data_files.{s}=PATH" for s in splits[1:]))
+    if task.revision:
+        loaded = _load_pinned(dataset, config_name, task.revision, source, files_fix)
+    else:
+        try:
+            loaded = _hub_call(dataset, config_name, None)
+        except Exception as err:  # noqa: BLE001 - offline, missing repo, auth: all user-fixable
+            script = refused_script(err) or _script_in(dataset)
+            if script is None:
+                raise ConfigError(
+                    f"could not load {source} from the hub ({type(err).__name__}: "
+                    f"{first_line(err)[:200]}); without internet set task.data_dir to a "
+                    f"folder with {'/'.join(splits)} files") from None
+            loaded = _load_conversion(dataset, config_name, script, source, files_fix)
     missing = [s for s in splits if s not in loaded]
     if missing:
         raise ConfigError(f"{source} has no split {missing[0]} (it has "
                           f"{', '.join(loaded)}); use local files for it via task.data_files")
     return {s: loaded[s] for s in splits}
+
+
+def _load_conversion(dataset: str, config_name: str | None, script: str, source: str,
+                     files_fix: str) -> Any:
+    """Main holds a loading script this ``datasets`` will not run: read the conversion."""
+    refusal = (f"{dataset} keeps a loading script ({script}) on its main branch, which "
+               f"datasets {datasets.__version__} no longer runs")
+    if os.environ.get("RANK", "0") == "0":  # once under torchrun, not once per rank
+        print(f"note: {refusal}; reading the hub's parquet conversion ({CONVERSION}) "
+              "instead", file=sys.stderr, flush=True)
+    try:
+        loaded = _hub_call(dataset, config_name, CONVERSION)
+    except Exception as err:  # noqa: BLE001 - no conversion branch, or not this config
+        raise ConfigError(
+            f"could not load {source}: {refusal}, and its parquet conversion ({CONVERSION}) "
+            f"did not load either ({type(err).__name__}: {first_line(err)[:160]}); download "
+            f"the splits and set {files_fix}, or pin a revision that holds data files with "
+            "task.revision=REV") from None
+    _READ_FROM[dataset] = CONVERSION
+    return loaded
+
+
+def _load_pinned(dataset: str, config_name: str | None, revision: str, source: str,
+                 files_fix: str) -> Any:
+    """``task.revision``: exactly that revision, no fallback (the user chose it).
+
+    A script at that revision is looked for first: when ``datasets`` meets one, it falls
+    back to whatever it cached of the dataset, and would quietly hand over another
+    revision's rows."""
+    script = _script_in(dataset, revision)
+    try:
+        if script is None:
+            return _hub_call(dataset, config_name, revision)
+    except Exception as err:  # noqa: BLE001 - unknown revision, script, offline: user-fixable
+        script = refused_script(err)
+        if script is None:
+            raise ConfigError(
+                f"could not load {source} at revision {revision} from the hub "
+                f"({type(err).__name__}: {first_line(err)[:200]}); task.revision takes a "
+                f"branch, tag, commit id or {CONVERSION}, or set {files_fix}") from None
+    raise ConfigError(
+        f"{source} at revision {revision} holds a loading script ({script}), which "
+        f"datasets {datasets.__version__} no longer runs; set task.revision={CONVERSION} "
+        f"(the hub's parquet conversion), or download the splits and set {files_fix}")
 
 
 def describe_source(task: TaskConfig, split: str, *, dataset: str | None,
@@ -172,7 +277,8 @@ def describe_source(task: TaskConfig, split: str, *, dataset: str | None,
         except ConfigError:
             return f"{task.data_dir}/{split}.*"
     name = f"{dataset}/{config_name}" if config_name else str(dataset)
-    return f"hub {name} split {split}"
+    revision = task.revision or _READ_FROM.get(str(dataset))
+    return f"hub {name}{'@' + revision if revision else ''} split {split}"
 
 
 def require_columns(ds: datasets.Dataset, columns: Sequence[str], where: str) -> None:

@@ -144,6 +144,118 @@ def test_take_and_require_columns():
         data.require_columns(ds, ["a", "b"], "f.csv")
 
 
+# --------------------------------------------------------------------------- hub revisions
+# The real hub paths (XSum's script on main, the conversion branch, a cached second run)
+# run against the local hub in tests/mirror/test_hub_data.py; these pin the decisions.
+
+SCRIPT_REFUSAL = RuntimeError("Dataset scripts are no longer supported, but found xsum.py")
+
+
+def fake_hub(monkeypatch, answers, script_on_hub=False):
+    """``datasets.load_dataset`` answering from ``answers`` keyed by revision (an
+    exception is raised); the calls it got, as (args, kwargs)."""
+    calls = []
+
+    def load_dataset(*args, **kwargs):
+        calls.append((args, kwargs))
+        answer = answers[kwargs.get("revision")]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    import huggingface_hub
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(huggingface_hub, "file_exists", lambda *a, **k: script_on_hub)
+    monkeypatch.setattr(data, "_READ_FROM", {})
+    return calls
+
+
+def splits(n_train=2):
+    return datasets.DatasetDict({"train": datasets.Dataset.from_dict({"x": list(range(n_train))}),
+                                 "validation": datasets.Dataset.from_dict({"x": [9]})})
+
+
+def test_refused_script_names_the_script_only_for_a_refusal():
+    assert data.refused_script(SCRIPT_REFUSAL) == "xsum.py"
+    assert data.refused_script(ValueError("... pass trust_remote_code=True ...")) is not None
+    assert data.refused_script(RuntimeError("disk full")) is None
+    assert data.refused_script(ValueError("Couldn't find cache for EdinburghNLP/xsum")) is None
+
+
+def test_script_on_main_reads_the_conversion_with_one_note(monkeypatch, capsys):
+    calls = fake_hub(monkeypatch, {None: SCRIPT_REFUSAL, data.CONVERSION: splits(3)})
+    task = TaskConfig(name="xsum")
+    out = data.load_splits(task, ["train", "validation"], dataset="EdinburghNLP/xsum")
+    assert len(out["train"]) == 3
+    assert calls == [(("EdinburghNLP/xsum", None), {}),
+                     (("EdinburghNLP/xsum",), {"data_dir": "default",
+                                               "revision": data.CONVERSION})]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("note: EdinburghNLP/xsum keeps a loading "
+                                               "script (xsum.py) on its main branch")
+    assert data.describe_source(task, "train", dataset="EdinburghNLP/xsum") == (
+        "hub EdinburghNLP/xsum@refs/convert/parquet split train")
+
+
+def test_a_config_is_the_conversion_folder_of_that_name(monkeypatch):
+    calls = fake_hub(monkeypatch, {None: SCRIPT_REFUSAL, data.CONVERSION: splits()})
+    data.load_splits(TaskConfig(name="cnn_dailymail"), ["train"],
+                     dataset="abisee/cnn_dailymail", config_name="3.0.0")
+    assert calls[1] == (("abisee/cnn_dailymail",), {"data_dir": "3.0.0",
+                                                    "revision": data.CONVERSION})
+
+
+def test_a_cached_run_falls_back_when_the_hub_shows_the_script(monkeypatch, capsys):
+    # once the conversion is cached, datasets answers main's script with a cache lookup
+    cached = ValueError("Couldn't find cache for EdinburghNLP/xsum for config 'default'")
+    fake_hub(monkeypatch, {None: cached, data.CONVERSION: splits()}, script_on_hub=True)
+    data.load_splits(TaskConfig(name="xsum"), ["train"], dataset="EdinburghNLP/xsum")
+    assert "reading the hub's parquet conversion" in capsys.readouterr().err
+    fake_hub(monkeypatch, {None: cached, data.CONVERSION: splits()}, script_on_hub=False)
+    with pytest.raises(ConfigError, match="could not load EdinburghNLP/xsum from the hub "
+                                          r"\(ValueError: Couldn't find cache"):
+        data.load_splits(TaskConfig(name="xsum"), ["train"], dataset="EdinburghNLP/xsum")
+
+
+def test_neither_main_nor_the_conversion_names_both_and_data_files(monkeypatch):
+    fake_hub(monkeypatch, {None: SCRIPT_REFUSAL,
+                           data.CONVERSION: FileNotFoundError("no refs/convert/parquet")})
+    with pytest.raises(ConfigError) as err:
+        data.load_splits(TaskConfig(name="xsum"), ["train", "validation"],
+                         dataset="EdinburghNLP/xsum")
+    text = str(err.value)
+    assert "\n" not in text
+    assert "keeps a loading script (xsum.py) on its main branch" in text
+    assert "its parquet conversion (refs/convert/parquet) did not load either" in text
+    assert "task.data_files.train=PATH task.data_files.validation=PATH" in text
+
+
+def test_revision_is_pinned_without_any_fallback(monkeypatch, capsys):
+    calls = fake_hub(monkeypatch, {"abc123": splits(4)})
+    task = TaskConfig(name="rte", revision="abc123")
+    out = data.load_splits(task, ["train"], dataset="nyu-mll/glue", config_name="rte")
+    assert len(out["train"]) == 4
+    assert calls == [(("nyu-mll/glue", "rte"), {"revision": "abc123"})]
+    assert data.describe_source(task, "train", dataset="nyu-mll/glue", config_name="rte") == (
+        "hub nyu-mll/glue/rte@abc123 split train")
+    fake_hub(monkeypatch, {"old": SCRIPT_REFUSAL, data.CONVERSION: splits()})
+    with pytest.raises(ConfigError, match=r"at revision old holds a loading script \(xsum.py\)"
+                                          r".*task.revision=refs/convert/parquet"):
+        data.load_splits(TaskConfig(name="xsum", revision="old"), ["train"],
+                         dataset="EdinburghNLP/xsum")
+    assert capsys.readouterr().err == ""  # a pinned revision is never swapped for another
+
+
+def test_a_pinned_script_is_refused_before_datasets_can_answer_from_its_cache(monkeypatch):
+    # datasets meeting a script falls back to any cached copy of the dataset, which would
+    # be another revision's rows: the hub is asked about the script first
+    calls = fake_hub(monkeypatch, {"old": splits()}, script_on_hub=True)
+    with pytest.raises(ConfigError, match=r"at revision old holds a loading script \(xsum.py\)"):
+        data.load_splits(TaskConfig(name="xsum", revision="old"), ["train"],
+                         dataset="EdinburghNLP/xsum")
+    assert calls == []
+
+
 @pytest.mark.parametrize("ext", ["jsonl", "json"])
 def test_a_bad_json_line_is_located_by_its_line_number(tmp_path, ext):
     """pandas says "position 1138"; the user needs the line to open the file at."""
