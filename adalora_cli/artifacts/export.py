@@ -9,11 +9,14 @@ registry (``peft_type``, ``mergeable``).
 
 ``adalora_cli.engine.outputs.export_facts`` is what ``train`` records in ``summary.json``
 (``export``) so that an export never has to guess the base model, its revision, the adapted
-modules or the method's hyperparameters.
+modules or the method's hyperparameters. A run trained on a GGUF file gets its record
+(file, sha256) beside either format as ``base_gguf.json``, and its PEFT export names the
+dequantized base folder written once into the cache (:mod:`.gguf_base`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -69,8 +72,10 @@ def write_atomically(out: Path, write: Callable[[Path], dict[str, Any]]) -> dict
     return info
 
 
-def export_run(run_dir: str | Path, fmt: str, out: str | Path) -> dict[str, Any]:
-    """Export a finished run to ``out`` in ``fmt``; returns what was written."""
+def export_run(run_dir: str | Path, fmt: str, out: str | Path,
+               note: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+    """Export a finished run to ``out`` in ``fmt``; returns what was written. ``note`` hears
+    about slow work done once (writing a GGUF base's dequantized folder)."""
     run_dir, out = Path(run_dir), Path(out)
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; use --format peft or --format merged")
@@ -87,9 +92,22 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path) -> dict[str, Any]
 
         check_merge_method(method)
         writer = write_merged
+    from . import gguf_base
     from .load import load_run
 
-    model, tokenizer, cfg = load_run(run_dir, "cpu")
+    model, tokenizer, cfg = load_run(run_dir, "cpu")  # checks a GGUF base is unchanged
     model.eval()
-    info = write_atomically(out, lambda tmp: writer(run_dir, model, tokenizer, cfg, summary, tmp))
-    return {"format": fmt, "out": str(out), **info}
+    base, extra = gguf_base.recorded(run_dir), {}
+    if base is not None and fmt == "peft":  # PEFT loads a folder, not a GGUF file
+        folder = str(gguf_base.dequantized_folder(cfg.model.name_or_path, base, note))
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=folder))
+        extra["base_folder"] = folder
+
+    def write(tmp: Path) -> dict[str, Any]:
+        info = writer(run_dir, model, tokenizer, cfg, summary, tmp)
+        if base is not None:
+            gguf_base.write_record(tmp, base, **extra)
+        return info
+
+    info = write_atomically(out, write)
+    return {"format": fmt, "out": str(out), **info, **extra}

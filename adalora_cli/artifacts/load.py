@@ -21,6 +21,7 @@ from ..methods import apply_method
 from ..methods.registry import method_spec
 from ..rundir.layout import CONFIG, FULL_MODEL, WEIGHTS
 from ..tasks import get_task
+from .gguf_base import check_unchanged
 
 
 def check_weights(run_dir: Path, cfg: RunConfig) -> None:
@@ -41,6 +42,7 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     run_dir = Path(run_dir)
     cfg = resolve_resources(load_config(run_dir / CONFIG))
     check_weights(run_dir, cfg)
+    check_unchanged(run_dir, cfg.model.name_or_path)  # a GGUF base: the file trained on
     whole = method_spec(cfg.method.name).saves_whole_model
     if whole:
         cfg = dataclasses.replace(

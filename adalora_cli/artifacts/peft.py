@@ -48,6 +48,7 @@ from ..methods.pissa import PiSSALinear
 from ..methods.registry import METHODS
 from ..rundir.layout import ALLOCATOR_STATE
 from ..rundir.summary import Summary
+from ..tasks.pretrained import load_config
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -175,10 +176,8 @@ def check_base_rebuilds(cfg: RunConfig, model: nn.Module) -> None:
     """PEFT rebuilds the base with ``from_pretrained(base_model_name_or_path)``; a model the
     task built from another kind of checkpoint (the warm-started summarization demo) has no
     such base."""
-    from transformers import AutoConfig
-
     kind = getattr(model.config, "model_type", None)
-    base_kind = AutoConfig.from_pretrained(cfg.model.name_or_path).model_type
+    base_kind = load_config(cfg.model.name_or_path).model_type
     if kind != base_kind:
         raise ConfigError(f"the run's {kind} model was built from the {base_kind} checkpoint "
                           f"{cfg.model.name_or_path}, which PEFT cannot load as its base; "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .boundary import boundary, out, quiet_libraries
+from .boundary import boundary, note, out, quiet_libraries
 
 
 def export(
@@ -21,13 +21,13 @@ def export(
 
     quiet_libraries()
     with boundary():
-        info = export_run(run_dir, fmt, out_dir)
+        info = export_run(run_dir, fmt, out_dir, note=note)
     console = out()
     if info["format"] == "peft":
         kept = info["adapter_params"]
         at_r0 = info["adapter_params_at_r0"]
-        note = f" (of {at_r0:,} at r0)" if kept != at_r0 else ""
-        console.print(f"PEFT {info['task_type'] or ''} adapter: {kept:,} adapter params{note}, "
+        of_r0 = f" (of {at_r0:,} at r0)" if kept != at_r0 else ""
+        console.print(f"PEFT {info['task_type'] or ''} adapter: {kept:,} adapter params{of_r0}, "
                       f"{info['head_params']:,} head params, {info['bytes']:,} bytes",
                       highlight=False, soft_wrap=True)
         if info.get("peft_type") == "ADALORA":
@@ -38,4 +38,7 @@ def export(
         console.print(f"merged {info['merged_matrices']} matrices into a "
                       f"{info['model_class']}: {info['bytes']:,} bytes", highlight=False,
                       soft_wrap=True)
+    if "base_folder" in info:
+        console.print(f"PEFT base (the GGUF file dequantized): {info['base_folder']}",
+                      highlight=False, soft_wrap=True)
     console.print(f"wrote {out_dir}", highlight=False)

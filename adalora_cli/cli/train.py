@@ -96,6 +96,10 @@ def print_result(path: Path) -> None:
 
     summary = read_summary(path)
     console = out()
+    # train.eval_at_start: the scores before training, beside the trained ones
+    for split, metrics in (summary.metrics_at_start or {}).items():
+        console.print(f"{split} before training: {metrics_line(metrics)}", highlight=False,
+                      soft_wrap=True)
     for split, metrics in summary.metrics.items():
         console.print(f"{split}: {metrics_line(metrics)}", highlight=False)
     console.print(end_of_run(summary), highlight=False)

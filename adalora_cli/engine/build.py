@@ -27,7 +27,7 @@ from ..errors import first_line
 from ..methods import apply_method
 from ..methods.base import MethodHandle
 from ..methods.registry import check_method
-from ..tasks import get_task
+from ..tasks import get_task, gguf
 from ..tasks.base import Task, TaskData
 from . import sharding
 from .distributed import World
@@ -36,14 +36,19 @@ from .weightless import weightless_loading
 
 
 def resolve_resources(cfg: RunConfig) -> RunConfig:
-    """Turn ``package:`` paths into real paths (the demo's bundled weights and data)."""
+    """Turn ``package:`` paths into real paths (the demo's bundled weights and data), and a
+    GGUF base (``model.gguf_file``, a ``.gguf`` path or a folder holding one) into the path
+    of its ``.gguf`` file, the one form every loader takes (tasks/gguf.py)."""
     task = cfg.task
     files = ({k: resources.resolve(v) for k, v in task.data_files.items()}
              if task.data_files else None)
     task = dataclasses.replace(
         task, data_files=files,
         data_dir=resources.resolve(task.data_dir) if task.data_dir else None)
-    model = dataclasses.replace(cfg.model, name_or_path=resources.resolve(cfg.model.name_or_path))
+    m = cfg.model
+    path = gguf.locate(resources.resolve(m.name_or_path),
+                       resources.resolve(m.gguf_file) if m.gguf_file else None)
+    model = dataclasses.replace(m, name_or_path=path, gguf_file=None)
     return dataclasses.replace(cfg, task=task, model=model)
 
 
@@ -119,19 +124,15 @@ def _looks_local(name: str) -> bool:
 
 
 def check_model_folder(name: str) -> None:
-    """A local model folder must hold a transformers checkpoint (``config.json``); one with
-    only a GGUF file (llama.cpp's format) or nothing of the kind is a one-line error."""
+    """A local model folder must hold a transformers checkpoint (``config.json``): a one-line
+    error otherwise. (A folder holding a GGUF file instead was already turned into that
+    file's path by :func:`resolve_resources`.)"""
     folder = Path(name).expanduser()
     if not folder.is_dir() or (folder / "config.json").is_file():
         return
-    gguf = sorted(p.name for p in folder.glob("*.gguf"))
-    if gguf:
-        raise ConfigError(f"model folder {name} holds {gguf[0]} but no config.json: a GGUF "
-                          "file is llama.cpp's format, which training does not load; set "
-                          "model.name_or_path to the Hugging Face checkpoint (config.json and "
-                          "safetensors) it was converted from, e.g. its hub id")
     raise ConfigError(f"model folder {name} has no config.json; set model.name_or_path to a "
-                      "checkpoint folder (config.json, weights, tokenizer) or a hub id")
+                      "checkpoint folder (config.json, weights, tokenizer), a .gguf file or a "
+                      "hub id")
 
 
 def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
@@ -180,9 +181,12 @@ def damaged_weights(folder: str) -> Path | None:
 
 def check_model_type(name: str) -> None:
     """A model whose ``config.json`` names no architecture transformers knows (no
-    ``model_type``, or a misspelt or too new one) is a one-line ConfigError, not a crash."""
+    ``model_type``, or a misspelt or too new one) is a one-line ConfigError, not a crash.
+    A GGUF file is left to its reader, which says so in one line (tasks/gguf.py)."""
     from transformers import AutoConfig
 
+    if gguf.is_gguf(name):
+        return
     try:
         AutoConfig.from_pretrained(name)
     except ValueError as err:  # AutoConfig's word for "cannot tell what this model is"
@@ -307,6 +311,9 @@ class Built:
     """The autocast precision that runs (:func:`resolve_precision`): fp32, bf16 or fp16."""
     base_dtype: torch.dtype = torch.float32
     """The dtype of the frozen base weights (:func:`base_dtype`)."""
+    base_gguf: dict[str, Any] | None = None
+    """A GGUF base's file, sha256 and size (tasks/gguf.py), hashed when it was loaded; None
+    for any other checkpoint."""
 
 
 def build_run(cfg: RunConfig, w: World | None = None) -> Built:
@@ -320,7 +327,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
         torch.cuda.set_device(device)
     resolved = resolve_resources(cfg)
     seed_everything(cfg.train.seed)
-    check_method(cfg)  # an unknown method name fails before the model is loaded
+    spec = check_method(cfg)  # an unknown method name fails before the model is loaded
     sharding.check(cfg, w or World(), device, autocast_factory(cfg.train.precision, device)[1])
     task = get_task(resolved)
     dtype = base_dtype(cfg, device)  # what the run asks for, not what the checkpoint stores
@@ -333,6 +340,11 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
     cfg = cfg.with_final_budget(handle.n_matrices)  # adalora.target_rank -> its b(T)
+    if not spec.trains:
+        steps = 0  # method none: the model is only evaluated
+    elif not handle.trainable:  # e.g. BitFit on a model without biases (Llama)
+        raise ConfigError(f"method {cfg.method.name} finds nothing to train in "
+                          f"{type(model).__name__}; choose another method.name")
     trained_in_fp32(handle.trainable)
     cast_frozen(model, dtype)
     no_kv_cache(model)
@@ -345,4 +357,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
         print(f"warning: train.precision=bf16 on {torch.cuda.get_device_name(device)}, which "
               "only emulates bf16 (slower than fp16); train.precision=auto picks fp16 with "
               "loss scaling there", file=sys.stderr, flush=True)
-    return Built(cfg, task, model, tokenizer, data, handle, steps, device, precision, dtype)
+    path = resolved.model.name_or_path
+    base = gguf.describe(path) if gguf.is_gguf(path) else None
+    return Built(cfg, task, model, tokenizer, data, handle, steps, device, precision, dtype,
+                 base)

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from ..config import ConfigError, RunConfig, dump_config
 from ..errors import Preempted, RunBusy, first_line, warning
 from ..rundir.layout import CONFIG
-from ..rundir.run import RunDir, default_run_dir, write_text_atomic
+from ..rundir.run import RunDir, default_run_dir, read_metrics, write_text_atomic
 from ..rundir.summary import Summary
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
@@ -286,12 +286,14 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         beat.step = pos.step
         if pos.eval_pending:  # a resumed run whose last evaluation was cut short
             boundary(eval_due=True)
-        elif t_cfg.eval_at_start and pos.step == 0 and latest is None:
+        elif t_cfg.eval_at_start and pos.step == 0 and latest is None and steps > 0:
+            # (a run of no steps, method none, is scored once: its final evaluation)
             try:  # nothing to checkpoint yet: a stop here leaves a run to start over
                 with stop.immediate():
                     _evaluate(built, stepper, 0, logger, w)
             except Preempted:
                 raise stopped(stop.received) from None
+            progress.restart_clock()  # the eta is the training's, not the evaluation's
         while pos.step < steps:
             if pos.epoch_start is None:  # a fresh epoch (not one being resumed)
                 pos.epoch_start, pos.consumed = generator.get_state(), 0
@@ -342,7 +344,19 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     summary = write_outputs(built, run, results, train_seconds, epochs, pos.checkpoint_bytes,
                             final)
     summary.precision = precision_record(built, stepper)
+    if t_cfg.eval_at_start:
+        summary.metrics_at_start = _metrics_at_start(run)
     return summary
+
+
+def _metrics_at_start(run: RunDir) -> dict[str, dict[str, float]] | None:
+    """The step-0 evaluation (train.eval_at_start) as metrics.jsonl holds it, so that a
+    resumed run reports it too."""
+    found: dict[str, dict[str, float]] = {}
+    for row in read_metrics(run.path):
+        if row.get("step") == 0 and "split" in row:
+            found[row["split"]] = {k: v for k, v in row.items() if k not in ("step", "split")}
+    return found or None
 
 
 def precision_record(built: Built, stepper: Stepper) -> dict[str, Any]:

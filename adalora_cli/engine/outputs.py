@@ -83,8 +83,11 @@ def head_modules(model: nn.Module) -> list[str]:
                               if id(p) in head))
 
 
-def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> ExportFacts:
-    """What an export needs to know about a run, recorded when it finishes."""
+def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle,
+                 base_gguf: dict[str, Any] | None = None) -> ExportFacts:
+    """What an export needs to know about a run, recorded when it finishes; a GGUF base
+    adds ``base_gguf`` (its file, sha256 and size), since its name alone does not say which
+    weights it holds."""
     section = method_spec(cfg.method.name).section  # BitFit and full have none
     return ExportFacts(
         base_model=cfg.model.name_or_path,
@@ -94,6 +97,7 @@ def export_facts(cfg: RunConfig, model: nn.Module, handle: MethodHandle) -> Expo
         target_modules=[path for path, _ in handle.layers],
         head_modules=head_modules(model),
         hyperparameters=dataclasses.asdict(getattr(cfg, section)) if section else {},
+        base_gguf=base_gguf,
     )
 
 
@@ -131,7 +135,8 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
         size=method_spec(cfg.method.name).size_label(cfg, cfg.sweep.budget_level),
         config_digest=config_digest(cfg),
         report=built.task.report(results),
-        export=export_facts(cfg, built.model, handle),  # base model, targets, hparams
+        # base model (a GGUF file with its hash), targets, hyperparameters
+        export=export_facts(cfg, built.model, handle, built.base_gguf),
         data=built.data.info,  # split sizes and sources: what T was computed from
         checkpoint_bytes=checkpoint_bytes,
         trainable_params=sum(p.numel() for p in handle.trainable),

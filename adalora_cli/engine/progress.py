@@ -177,6 +177,12 @@ class TrainProgress:
         else:
             print(line, file=sys.stdout, flush=True)
 
+    def restart_clock(self) -> None:
+        """Time from now: elapsed and eta then count training steps only, not an evaluation
+        before the first step (train.eval_at_start)."""
+        self._lines.began = self._lines.last_time = self._lines.clock()
+        self._progress.reset(self._task, completed=self.start, status=self._last)
+
     def note(self, text: str) -> None:
         """A transient message (e.g. 'evaluating validation') in place of the stats."""
         self._progress.update(self._task, status=text or self._last)

@@ -22,17 +22,19 @@ from ..config import ConfigError, RunConfig
 from ..errors import first_line
 from ..methods.inject import resolve_targets
 from ..tasks import TASKS, get_task
+from ..tasks.pretrained import load_config
 
 
 def read_model_config(path: str) -> Any:
-    """The checkpoint's ``config.json`` (local folder, or the hub cache); nothing else."""
-    from transformers import AutoConfig
-
+    """The checkpoint's ``config.json`` (local folder, or the hub cache), or a GGUF file's
+    metadata; nothing else."""
     from .build import check_model_folder
 
     check_model_folder(path)
     try:
-        return AutoConfig.from_pretrained(path)
+        return load_config(path)
+    except ConfigError:  # said already (a GGUF file without the gguf extra)
+        raise
     except (OSError, ValueError) as err:  # no folder, no config.json, not in the cache
         first = first_line(err)[:200]
         raise ConfigError(f"could not read the config of model {path!r} ({first}); set "

@@ -86,7 +86,8 @@ class Stepper:
         """AdamW, the linear warm-up/decay over ``steps`` and a GradScaler (enabled for
         fp16 only: bf16 and fp32 need no loss scaling), as ``train`` configures them."""
         autocast, amp_dtype = autocast_factory(train.precision, device)
-        # one group, or the method's (LoRA+'s faster B, SoRA's gates without weight decay)
+        # one group, or the method's (LoRA+'s faster B, SoRA's gates without weight decay);
+        # a group may hold no parameter (method none)
         groups = handle.optimizer_groups(train.learning_rate, train.weight_decay)
         optimizer = torch.optim.AdamW(groups, lr=train.learning_rate,
                                       weight_decay=train.weight_decay)

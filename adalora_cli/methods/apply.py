@@ -205,6 +205,11 @@ def _without_head(params: list[nn.Parameter], head: list[nn.Parameter]) -> list[
     return [p for p in params if id(p) not in head_ids]
 
 
+def build_none(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    """No method at all: nothing trains, the model is evaluated as loaded."""
+    return MethodHandle(name="none", adapter=[], head=[])
+
+
 def build_bitfit(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
     head = head_parameters(model)
     return MethodHandle(name="bitfit", adapter=_without_head(bias_parameters(model), head),

@@ -83,6 +83,9 @@ class MethodSpec:
     groups (LoRA+, SoRA), kept tensors (PiSSA) and rank controllers (SoRA, IncreLoRA) are
     not re-pointed at the sharded parameters, and none has been compared sharded against
     one process."""
+    trains: bool = True
+    """False: its run takes no step (T = 0) and only evaluates the model as loaded (``none``,
+    the base model's zero-shot score as a row beside the trained methods)."""
 
     @property
     def sized(self) -> bool:
@@ -116,7 +119,9 @@ class MethodSpec:
 
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
-    # The paper's row order (Table 1): full fine-tuning, then the cheapest baselines first.
+    # The untrained base first, then the paper's row order (Table 1): full fine-tuning, then
+    # the cheapest baselines first.
+    MethodSpec("none", "Base model", None, "apply:build_none", mergeable=True, trains=False),
     MethodSpec("full", "Full FT", None, "apply:build_full", mergeable=True,
                saves_whole_model=True),
     MethodSpec("bitfit", "BitFit", None, "apply:build_bitfit", mergeable=True),
@@ -192,12 +197,12 @@ def config_value(cfg: RunConfig, key: str) -> Any:
 
 
 NOT_IDENTITY = ("train.seed", "sweep.", "train.save_weights", "train.log_every",
-                *RESUMABLE_KEYS)
+                "train.eval_at_start", *RESUMABLE_KEYS)
 """Keys that never change a run's numbers: the seed (what seeds are averaged over), the
 sweep's labels (the budget level is already in the sizes it set; the sweep's name says where
 a run came from, not what it is) and where and how it runs (the keys ``--resume`` may
 change: device, checkpoints, eval batch size, trackers), plus whether weights are saved and
-how often a training row is logged."""
+how often a training row is logged, and whether the model is also scored before training."""
 
 
 def comparable_config(cfg: RunConfig) -> dict[str, Any]:

@@ -219,7 +219,9 @@ def load_run(path: Path, eval_name: str | None = None) -> Run | str:
                     and not k.startswith("sweep.")}
         digest = summary.config_digest or config_hash(identity)
     train = cfg.train if cfg is not None else None
-    epochs = summary.epochs or (None if train is None or train.max_steps else train.epochs)
+    epochs = summary.epochs  # 0 for a run that took no step (method none): no time per epoch
+    if epochs is None:  # a summary older than the field: the config's
+        epochs = None if train is None or train.max_steps else train.epochs
     return Run(path, task, method, summary.seed, level, _size(summary, cfg, level),
                float(params) if isinstance(params, (int, float)) else math.nan, values,
                summary.train_seconds, summary.peak_memory_bytes, epochs, summary.device,

@@ -78,9 +78,15 @@ class ExportFacts:
     """Top-level modules holding the task head (PEFT's ``modules_to_save``)."""
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     """The method's config section."""
+    base_gguf: dict[str, Any] | None = None
+    """A GGUF base's ``file``, ``sha256`` and ``size`` (``adalora_cli.tasks.gguf``), since
+    its path alone does not say which weights it holds; None (not written) for any other."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if out["base_gguf"] is None:
+            del out["base_gguf"]
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> ExportFacts:
@@ -106,6 +112,8 @@ class Summary:
     total_steps: int | None = None
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     """{split: {metric: value}} as the task's evaluate returned them."""
+    metrics_at_start: dict[str, dict[str, float]] | None = None
+    """The same before the first step (``train.eval_at_start``), else None."""
     train_seconds: float | None = None
     peak_memory_bytes: int | None = None
     device: str = ""
@@ -138,7 +146,8 @@ class Summary:
     """What ran: ``autocast`` (fp32/bf16/fp16), the frozen base's ``base_dtype``,
     ``loss_scaling`` and ``skipped_steps`` (steps the fp16 loss scaler skipped)."""
 
-    _OPTIONAL = ("final_adapter_params", "final_budget", "weights", "final_mean_rank")
+    _OPTIONAL = ("final_adapter_params", "final_budget", "weights", "final_mean_rank",
+                 "metrics_at_start")
     """Written only when set, as before these records were typed."""
 
     def to_dict(self) -> dict[str, Any]:

@@ -220,8 +220,9 @@ def count_matrices(config: Path, overrides: list[str], cache: dict) -> int:
 
     cfg = load_config(config, [*overrides, "method.name=adalora"])
     # the family too: one checkpoint is a BERT under GLUE but a BART under summarization
-    key = (task_family(cfg.task.name), cfg.model.name_or_path,
-           tuple(cfg.method.target_modules or ()))
+    m = cfg.model  # a GGUF file inside a folder: both name the model
+    model = m.name_or_path if m.gguf_file is None else (m.name_or_path, m.gguf_file)
+    key = (task_family(cfg.task.name), model, tuple(cfg.method.target_modules or ()))
     if key not in cache:
         cache[key] = count_adapted(resolve_resources(cfg))
     return cache[key]

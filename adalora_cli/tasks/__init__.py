@@ -27,6 +27,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "squad:squad_task": ("squad_v1", "squad_v2"),
     "summarization:summarization_task": ("xsum", "cnn_dailymail", "bbc_news"),
     "causal_lm:causal_lm_task": ("causal_lm",),
+    "bbc_topic_chat:bbc_topic_chat_task": ("bbc_topic_chat",),
 }
 
 

@@ -39,7 +39,7 @@ from .causal_lm_data import (
     row_shape,
     usable_rows,
 )
-from .pretrained import from_pretrained
+from .pretrained import from_pretrained, load_config, load_tokenizer
 
 SPLITS = ("train", "validation")
 PREDICT_TOKENS = 64
@@ -74,23 +74,30 @@ class CausalLMTask(Task):
 
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
         import transformers
-        from transformers import AutoConfig, AutoTokenizer
 
         path = self.cfg.model.name_or_path
-        config = AutoConfig.from_pretrained(path)  # OSError: reported by the caller
+        config = load_config(path)  # OSError: reported by the caller
         self.check_model_config(config)
         try:
-            model = from_pretrained(getattr(transformers, self.model_class), path, dtype)
+            # the config already read: a GGUF file's metadata takes seconds to parse
+            model = from_pretrained(getattr(transformers, self.model_class), path, dtype,
+                                    config=config)
         except ValueError as err:  # transformers: no causal-LM class for this config
             raise ConfigError(f"model {path} ({config.model_type}) has no causal language "
                               f"model head ({first_line(err)[:120]}); use a "
                               "decoder-only checkpoint") from None
-        return model, AutoTokenizer.from_pretrained(path)
+        return model, load_tokenizer(path)
 
     # ---------------------------------------------------------------- data
 
     def where(self, split: str) -> str:
         return rawdata.describe_source(self.cfg.task, split, dataset=self.cfg.task.dataset)
+
+    def raw_splits(self) -> dict[str, datasets.Dataset]:
+        """The train and validation rows before encoding (a task built on this family
+        with data of its own overrides this and :meth:`where`)."""
+        task = self.cfg.task
+        return rawdata.load_splits(task, SPLITS, dataset=task.dataset)
 
     def encode(self, ds: datasets.Dataset, split: str, tokenizer: Any
                ) -> tuple[list[dict[str, Any]], int, str | None]:
@@ -120,7 +127,7 @@ class CausalLMTask(Task):
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
         task = self.cfg.task
-        raw = rawdata.load_splits(task, SPLITS, dataset=task.dataset)
+        raw = self.raw_splits()
         info: dict[str, Any] = {"task": self.name}
         splits: dict[str, Any] = {}
         notes: list[str] = []

@@ -55,6 +55,9 @@ REPORTS: dict[str, TaskReport] = {
     "causal_lm": TaskReport("causal LM", "other", _cols(
         ("loss", VAL, "loss", 1), ("ppl", VAL, "perplexity", 1), ("EM", VAL, "exact_match", 1),
         ("R-L", VAL, "rougeL", 1))),
+    # the LLM demo: generated replies, scored x100 already
+    "bbc_topic_chat": TaskReport("BBC topics (chat)", "other", _cols(
+        ("EM", VAL, "exact_match", 1), ("R-L", VAL, "rougeL", 1))),
 }
 """Task name -> its report; order = the paper's column order."""
 

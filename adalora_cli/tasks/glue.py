@@ -28,7 +28,7 @@ from ..errors import first_line
 from . import data as rawdata
 from . import eval_order, metrics
 from .base import Task, TaskData, require
-from .pretrained import from_pretrained
+from .pretrained import from_pretrained, load_tokenizer
 
 GLUE_HUB = "nyu-mll/glue"
 
@@ -95,7 +95,6 @@ class TextClassificationTask(Task):
 
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
         import transformers
-        from transformers import AutoTokenizer
 
         path = self.cfg.model.name_or_path
         kwargs: dict[str, Any] = {"num_labels": self.num_labels}
@@ -106,7 +105,7 @@ class TextClassificationTask(Task):
             kwargs["id2label"] = dict(enumerate(self.spec.label_names))
             kwargs["label2id"] = {n: i for i, n in enumerate(self.spec.label_names)}
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_tokenizer(path)
             model = from_pretrained(getattr(transformers, self.model_class), path, dtype,
                                     **kwargs)
         except OSError as err:  # missing folder, hub unreachable, no such repo

@@ -9,6 +9,9 @@ within steps. Every task family loads through :func:`from_pretrained`, which alw
 the dtype: fp32 unless ``model.base_dtype`` asks for a half-precision base
 (docs/training.md#precision); the task head and every adapter parameter are made fp32 after
 loading, whatever the base's dtype.
+
+A GGUF file (:mod:`.gguf`) loads through the same three functions: the weights are
+dequantized straight into that dtype, and the config and tokenizer come from the file.
 """
 
 from __future__ import annotations
@@ -19,11 +22,41 @@ import torch
 import transformers
 from packaging.version import Version
 
+from . import gguf
+
 DTYPE_KEYWORD = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 """transformers 4.56 renamed ``torch_dtype`` to ``dtype``; older releases know only the old name."""
 
 
 def from_pretrained(auto_class: Any, path: str, dtype: torch.dtype = torch.float32,
                     **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained(path, **kwargs)`` with the weights in ``dtype``."""
-    return auto_class.from_pretrained(path, **{DTYPE_KEYWORD: dtype}, **kwargs)
+    """``auto_class.from_pretrained(path, **kwargs)`` with the weights in ``dtype``; a
+    ``.gguf`` path is dequantized into ``dtype``."""
+    where, extra = gguf.split(path)
+    if not extra:
+        return auto_class.from_pretrained(where, **{DTYPE_KEYWORD: dtype}, **kwargs)
+    with gguf.reading(path), gguf.progress_as_configured():
+        return auto_class.from_pretrained(where, **{DTYPE_KEYWORD: dtype}, **extra,
+                                          **gguf.model_kwargs(), **kwargs)
+
+
+def load_config(path: str, **kwargs: Any) -> Any:
+    """``AutoConfig.from_pretrained(path)``, from the file's metadata for a ``.gguf`` path."""
+    from transformers import AutoConfig
+
+    where, extra = gguf.split(path)
+    if not extra:
+        return AutoConfig.from_pretrained(where, **kwargs)
+    with gguf.reading(path):
+        return AutoConfig.from_pretrained(where, **extra, **kwargs)
+
+
+def load_tokenizer(path: str, **kwargs: Any) -> Any:
+    """``AutoTokenizer.from_pretrained(path)``, built from the file for a ``.gguf`` path."""
+    from transformers import AutoTokenizer
+
+    where, extra = gguf.split(path)
+    if not extra:
+        return AutoTokenizer.from_pretrained(where, **kwargs)
+    with gguf.reading(path):
+        return AutoTokenizer.from_pretrained(where, **extra, **kwargs)

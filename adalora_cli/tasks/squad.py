@@ -39,7 +39,7 @@ from ..rundir.layout import PREDICTIONS, split_predictions
 from . import data as rawdata
 from . import eval_order, squad_postprocess, squad_scoring
 from .base import Task, TaskData, no_autocast, require
-from .pretrained import from_pretrained
+from .pretrained import from_pretrained, load_tokenizer
 from .squad_features import QAExample, QAFeatures, build_features
 
 COLUMNS = ("id", "context", "question", "answers")
@@ -152,11 +152,10 @@ class SquadTask(Task):
 
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
         import transformers
-        from transformers import AutoTokenizer
 
         path = self.cfg.model.name_or_path
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_tokenizer(path)
             # checked before the (slow) model load: without offsets nothing below can work
             if not getattr(tokenizer, "is_fast", False):
                 raise ConfigError(

@@ -42,7 +42,7 @@ from ..rundir.layout import PREDICTIONS_JSONL
 from . import bbc_news, eval_order
 from . import data as rawdata
 from .base import Task, TaskData, require
-from .pretrained import from_pretrained
+from .pretrained import from_pretrained, load_config, load_tokenizer
 
 # The BART warm start (transformers' BART classes) and ROUGE (rouge-score, nltk) are
 # imported where they are used, so a run that never builds a warm start or scores ROUGE
@@ -144,17 +144,16 @@ class SummarizationTask(Task):
 
     def build_model(self, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
         import transformers
-        from transformers import AutoConfig, AutoTokenizer
 
         path = self.cfg.model.name_or_path
-        config = AutoConfig.from_pretrained(path)  # OSError: reported by the training loop
+        config = load_config(path)  # OSError: reported by the training loop
         self.check_model_config(config)
         if config.model_type == "bert":
             from . import warm_start
 
             return warm_start.bart_from_bert(path, dtype)
         return (from_pretrained(getattr(transformers, self.model_class), path, dtype),
-                AutoTokenizer.from_pretrained(path))
+                load_tokenizer(path))
 
     def skeleton(self, config: Any) -> nn.Module:
         """A BERT checkpoint plans as the BART it is warm-started into (:mod:`.warm_start`)."""

@@ -30,10 +30,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoModel, AutoTokenizer, BartConfig, BartForConditionalGeneration
+from transformers import AutoModel, BartConfig, BartForConditionalGeneration
 
 from ..config import ConfigError
-from .pretrained import from_pretrained
+from .pretrained import from_pretrained, load_tokenizer
 
 # BART attention projection -> BERT module under ``encoder.layer.<i>.``
 _ATTENTION = {"q_proj": "attention.self.query", "k_proj": "attention.self.key",
@@ -97,7 +97,7 @@ def bart_from_bert(path: str, dtype: torch.dtype = torch.float32
                    ) -> tuple[BartForConditionalGeneration, Any]:
     """A seq2seq model warm-started from the BERT checkpoint at ``path``, and its tokenizer;
     built in ``dtype`` (fp32 unless the run asks for a half-precision base)."""
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     bert = from_pretrained(AutoModel, path, dtype)  # the bare encoder; heads are dropped
     if bert.config.model_type != "bert":
         raise ConfigError(f"{path} is a {bert.config.model_type} model; warm-starting supports "

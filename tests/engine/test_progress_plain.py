@@ -93,6 +93,24 @@ def test_a_resumed_run_counts_its_rate_from_its_own_steps(monkeypatch):
     assert lines[0].endswith("elapsed 0:00:10  eta 0:00:20")
 
 
+def test_an_evaluation_before_training_stays_out_of_the_eta(monkeypatch):
+    out = io.StringIO()
+    out.isatty = lambda: False  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setenv(progress_module.ENV, "1")
+    clock = FakeClock()
+    with TrainProgress(total=4, clock=clock) as bar:
+        clock.now += 600.0  # ten minutes of scoring the base model
+        bar.scores(0, "validation", {"accuracy": 0.5})
+        bar.restart_clock()
+        clock.now += 5.0
+        bar.advance({"step": 1, "loss": 0.5, "lr": 1e-3})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "step 0/4  validation: accuracy 0.5000"
+    # 5 s for step 1, 3 to go: the 600 s before training count in neither
+    assert lines[1].endswith("elapsed 0:00:05  eta 0:00:15")
+
+
 def test_no_plain_lines_on_a_terminal_or_when_off(monkeypatch):
     assert _drive(monkeypatch, "1", tty=True, steps=10, dt=1.0) == []
     assert _drive(monkeypatch, "0", tty=False, steps=10, dt=1.0) == []

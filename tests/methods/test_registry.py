@@ -62,7 +62,7 @@ def test_each_entry_names_a_real_section_and_a_builder_of_itself(name):
     builder = getattr(importlib.import_module(f"adalora_cli.methods.{module}"), function)
     assert callable(builder)
     handle = apply_method(tiny_bert(), cfg, None)  # builds through the registry
-    assert handle.name == name and handle.trainable
+    assert handle.name == name and bool(handle.trainable) == spec.trains
 
 
 def test_every_builder_in_apply_has_an_entry():
@@ -72,12 +72,14 @@ def test_every_builder_in_apply_has_an_entry():
 
 
 def test_the_paper_row_order_and_titles():
-    # the paper's rows, today's baselines after LoRA, and AdaLoRA last as in Table 1
-    assert list(METHODS) == ["full", "bitfit", "houlsby", "pfeiffer", "lora", "rslora", "dora",
-                             "pissa", "loraplus", "sora", "increlora", "adalora"]
+    # the base model first, the paper's rows, today's baselines after LoRA, and AdaLoRA last
+    # as in Table 1
+    assert list(METHODS) == ["none", "full", "bitfit", "houlsby", "pfeiffer", "lora", "rslora",
+                             "dora", "pissa", "loraplus", "sora", "increlora", "adalora"]
     assert [s.title for s in METHODS.values()] == [
-        "Full FT", "BitFit", "HAdapter", "PAdapter", "LoRA", "rsLoRA", "DoRA", "PiSSA",
-        "LoRA+", "SoRA", "IncreLoRA", "AdaLoRA"]
+        "Base model", "Full FT", "BitFit", "HAdapter", "PAdapter", "LoRA", "rsLoRA", "DoRA",
+        "PiSSA", "LoRA+", "SoRA", "IncreLoRA", "AdaLoRA"]
+    assert [n for n, s in METHODS.items() if not s.trains] == ["none"]
 
 
 def test_an_unknown_method_is_one_line_naming_every_choice():
@@ -85,9 +87,9 @@ def test_an_unknown_method_is_one_line_naming_every_choice():
     bad = dataclasses.replace(cfg, method=dataclasses.replace(cfg.method, name="qlora"))
     with pytest.raises(ConfigError) as info:
         check_method(bad)
-    assert str(info.value) == ("unknown method.name 'qlora'; choose from full, bitfit, houlsby, "
-                               "pfeiffer, lora, rslora, dora, pissa, loraplus, sora, increlora, "
-                               "adalora")
+    assert str(info.value) == ("unknown method.name 'qlora'; choose from none, full, bitfit, "
+                               "houlsby, pfeiffer, lora, rslora, dora, pissa, loraplus, sora, "
+                               "increlora, adalora")
     with pytest.raises(ConfigError, match="unknown method.name 'qlora'"):
         apply_method(tiny_bert(), bad, None)
 
@@ -108,12 +110,13 @@ def test_size_labels_by_hand():
     assert method_spec("increlora").size_label(inc, 288) == "r_init=1"
     assert method_spec("increlora").size_label(inc, None) == "r_init=1 b(T)=288"
     assert method_spec("full").size_label(run_config("full"), None) == ""
+    assert method_spec("none").size_label(run_config("none"), 144) == ""
 
 
 def test_budget_matching_at_rbar_2_on_72_matrices():
     # b(T) = 144 over n = 72: rbar 2 -> r0 4 (the paper's table), r 2, d 8 and 16
     got = {name: spec.size_overrides(144, 72) for name, spec in METHODS.items()}
-    assert got == {"full": [], "bitfit": [],
+    assert got == {"none": [], "full": [], "bitfit": [],
                    "houlsby": ["adapter.dim=8"], "pfeiffer": ["adapter.dim=16"],
                    "lora": ["lora.r=2"], "rslora": ["rslora.r=2"], "dora": ["dora.r=2"],
                    "pissa": ["pissa.r=2"], "loraplus": ["loraplus.r=2"],
@@ -139,13 +142,13 @@ def test_consumers_derive_their_lists_from_the_registry(monkeypatch):
 
     new = ("rslora", "dora", "pissa", "loraplus", "sora", "increlora")
     assert plan.SIZED == ("houlsby", "pfeiffer", "lora", *new, "adalora")
-    assert merged.MERGEABLE == ("full", "bitfit", "lora", *new, "adalora")
+    assert merged.MERGEABLE == ("none", "full", "bitfit", "lora", *new, "adalora")
     assert tables.METHOD_NAMES == {n: s.title for n, s in METHODS.items()}
     extra = dataclasses.replace(METHODS["lora"], name="vera", title="VeRA")
     monkeypatch.setitem(METHODS, "vera", extra)
     assert plan.parse_methods("vera,lora") == ["vera", "lora"]
     assert plan.size_overrides("vera", 144, 72) == ["lora.r=2"]
-    with pytest.raises(ConfigError, match="choose from full, .*, adalora, vera"):
+    with pytest.raises(ConfigError, match="choose from none, full, .*, adalora, vera"):
         plan.parse_methods("qlora")
 
 

@@ -99,5 +99,5 @@ def test_a_trained_run_records_size_columns_and_digest(tmp_path, in_repo):
                                       f"model.name_or_path={tmp_path / 'no-model'}",
                                       "--run-dir", str(bad), "--quiet"])
     assert result.exit_code == 2
-    assert "unknown method.name 'qlora'; choose from full, bitfit" in result.output
+    assert "unknown method.name 'qlora'; choose from none, full, bitfit" in result.output
     assert not bad.exists()

@@ -1,0 +1,189 @@
+"""GGUF files (llama.cpp's one-file checkpoints) as the base model of a run.
+
+A GGUF file holds a model's config, its tokenizer (vocabulary, merges, chat template) and its
+weights, usually quantized in blocks (Q4_1, Q8_0, ...). transformers reads all three
+(``from_pretrained(folder, gguf_file=name)``, which needs the ``gguf`` and ``accelerate``
+packages) and, asked to dequantize, hands back an ordinary model: every weight a plain tensor
+in the dtype the run asks for, no quantizer attached. From then on a GGUF base trains,
+evaluates and exports like any checkpoint folder; what differs is only how the file is found
+and that its hash is recorded, since a file name says nothing about which quantization of
+which model it holds.
+
+A config names a GGUF base in one of three ways (:func:`locate`):
+
+- ``model.name_or_path`` is the ``.gguf`` file (a path, or ``package:<module>/<file>``);
+- ``model.name_or_path`` is a folder or hub repo and ``model.gguf_file`` the file's name in
+  it, as transformers' own ``gguf_file=`` argument;
+- ``model.name_or_path`` is a folder that holds one ``.gguf`` file and no ``config.json``.
+
+Every loader below the config then receives a single string, the file's local path, and
+:func:`split` turns it into transformers' ``(folder, gguf_file=name)`` form.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import struct
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+
+SUFFIX = ".gguf"
+PACKAGES = ("gguf", "accelerate")
+"""What transformers needs to read a GGUF file (the ``gguf`` extra of this package)."""
+INSTALL_HINT = "pip install -e '.[gguf]' (or make install)"
+
+
+def is_gguf(path: str) -> bool:
+    """True for a path naming a ``.gguf`` file (what :func:`locate` hands the loaders)."""
+    return str(path).lower().endswith(SUFFIX)
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken or blocked installation
+        return False
+
+
+def require_packages(path: str) -> None:
+    """A one-line error naming the extra when the GGUF readers are not installed."""
+    missing = [name for name in PACKAGES if not _installed(name)]
+    if missing:
+        raise ConfigError(f"{path} is a GGUF file; reading it needs the "
+                          f"{' and '.join(missing)} package{'s' if len(missing) > 1 else ''}: "
+                          f"{INSTALL_HINT}")
+
+
+def _listing(folder: Path) -> str:
+    found = sorted(p.name for p in folder.glob(f"*{SUFFIX}"))
+    return f"it holds {', '.join(found)}" if found else "it holds no .gguf file"
+
+
+def locate(name_or_path: str, gguf_file: str | None = None) -> str:
+    """The path loaders take: the local ``.gguf`` file for a GGUF base, else
+    ``name_or_path`` unchanged. ``package:`` paths must already be resolved."""
+    if gguf_file:
+        explicit = Path(gguf_file).expanduser()
+        if explicit.is_file():  # a path of its own, as transformers also accepts
+            return str(explicit)
+        if not is_gguf(gguf_file):
+            raise ConfigError(f"model.gguf_file={gguf_file!r} is not a .gguf file; name the "
+                              "GGUF file inside model.name_or_path")
+        folder = Path(name_or_path).expanduser()
+        if folder.is_dir():
+            if not (folder / gguf_file).is_file():
+                raise ConfigError(f"model.gguf_file {gguf_file!r} is not in {folder} "
+                                  f"({_listing(folder)}); set model.gguf_file to one of them")
+            return str(folder / gguf_file)
+        if Path(gguf_file).is_absolute():
+            raise ConfigError(f"GGUF file {gguf_file} does not exist; set model.gguf_file to "
+                              "a .gguf file")
+        if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+            raise ConfigError(f"model folder {name_or_path} does not exist; set "
+                              f"model.name_or_path to the folder holding {gguf_file}")
+        return _from_hub(name_or_path, gguf_file)
+    if is_gguf(name_or_path):
+        if not Path(name_or_path).expanduser().is_file():
+            raise ConfigError(f"GGUF file {name_or_path} does not exist; set "
+                              "model.name_or_path to a .gguf file or a model folder")
+        return str(Path(name_or_path).expanduser())
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir() and not (folder / "config.json").exists():
+        found = sorted(folder.glob(f"*{SUFFIX}"))
+        if len(found) == 1:  # a folder holding just the file: that file is the model
+            return str(found[0])
+        if len(found) > 1:
+            raise ConfigError(f"{folder} holds {len(found)} GGUF files and no config.json "
+                              f"({', '.join(p.name for p in found)}); choose one with "
+                              "model.gguf_file=NAME")
+    return name_or_path
+
+
+def _from_hub(repo: str, filename: str) -> str:
+    """The local copy of ``filename`` in hub repo ``repo`` (downloaded once, then cached)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return hf_hub_download(repo, filename)
+    except (OSError, ValueError) as err:  # offline, no such repo or file, a bad repo id
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise ConfigError(f"could not get {filename} from the hub repo {repo} ({first}); "
+                          "download it and set model.name_or_path to the .gguf file") from None
+
+
+def split(path: str) -> tuple[str, dict[str, Any]]:
+    """``(folder, extra from_pretrained kwargs)`` for a model path: a GGUF file becomes its
+    folder plus ``gguf_file=``; anything else passes through with no extra kwargs."""
+    if not is_gguf(path):
+        return path, {}
+    require_packages(path)
+    file = Path(path)
+    return str(file.parent), {"gguf_file": file.name}
+
+
+def model_kwargs() -> dict[str, Any]:
+    """What makes transformers dequantize every weight at load time. Newer releases can keep
+    GGUF blocks packed in their own linear layers, which our adapters cannot wrap and
+    ``save_pretrained`` refuses; dequantized, the model carries no quantizer at all. Releases
+    without :class:`GgufConfig` always dequantize."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+@contextlib.contextmanager
+def reading(path: str):
+    """Inside: a file transformers cannot read as a model (truncated, not GGUF at all, an
+    architecture it does not know) is a one-line error naming the file."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (struct.error, ValueError, KeyError, IndexError, EOFError, OSError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise ConfigError(f"could not read {path} as a model ({first}); check that it is a "
+                          "complete GGUF file of an architecture transformers supports") from None
+
+
+@contextlib.contextmanager
+def progress_as_configured():
+    """Inside: transformers' GGUF dequantizer shows its per-tensor bar only when
+    transformers' progress bars are enabled. It draws with tqdm directly, past the switch
+    (``disable_progress_bar``) that the CLI turns off to keep its output to one bar."""
+    from transformers.utils import logging
+
+    module = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    real = getattr(module, "tqdm", None)
+    if real is None or logging.is_progress_bar_enabled():
+        yield
+        return
+    module.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        module.tqdm = real
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def describe(path: str) -> dict[str, Any]:
+    """``{"file", "sha256", "bytes"}`` of a GGUF file: what a run records as its base (hashed
+    once per process while the file is unchanged)."""
+    file = Path(path).resolve()
+    stat = file.stat()
+    return {"file": str(file), "sha256": _sha256(str(file), stat.st_size, stat.st_mtime_ns),
+            "bytes": stat.st_size}
