@@ -35,8 +35,11 @@ def test_a_non_finite_loss_fails_before_the_optimizer_step():
     assert str(err.value) == ("loss became nan at step 7; likely causes: "
                               "train.learning_rate=0.003 is too high (lower it)")
     assert all(torch.equal(p, q) for p, q in zip(stepper.handle.trainable, before))
-    assert _train_row(7, 0.1234567, StepLog.of(1e-3, StepReport(12)), None) == {
+    assert _train_row(7, 0.1234567, StepLog.of(1e-3, StepReport(12)), None, "orth_reg") == {
         "step": 7, "loss": 0.123457, "lr": 1e-3, "budget": 12}
+    reg = torch.tensor(0.25)
+    assert _train_row(7, 0.5, StepLog(1e-3), reg, "gate_l1") == {
+        "step": 7, "loss": 0.5, "lr": 1e-3, "gate_l1": 0.25}
 
 
 def test_the_non_finite_message_names_half_precision_weights():
@@ -53,7 +56,7 @@ def test_the_non_finite_message_names_half_precision_weights():
 def test_a_skipped_step_s_row_has_a_null_loss_and_says_skipped():
     """Only a step the fp16 loss scaler skipped reaches the row with a non-finite loss."""
     log = StepLog.of(1e-3, StepReport(12), skipped=True)
-    assert _train_row(3, math.inf, log, None) == {"step": 3, "loss": None, "lr": 1e-3,
-                                                  "budget": 12, "skipped": True}
-    assert _train_row(3, 0.5, StepLog(1e-3, skipped=True), None) == {
+    assert _train_row(3, math.inf, log, None, "orth_reg") == {"step": 3, "loss": None, "lr": 1e-3,
+                                                              "budget": 12, "skipped": True}
+    assert _train_row(3, 0.5, StepLog(1e-3, skipped=True), None, "orth_reg") == {
         "step": 3, "loss": 0.5, "lr": 1e-3, "skipped": True}

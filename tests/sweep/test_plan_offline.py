@@ -92,7 +92,7 @@ def test_a_model_without_config_is_one_line(in_repo, tmp_path):
         plan(spec)
     assert str(e.value) == (f"model folder {tmp_path / 'empty-model'} has no config.json; set "
                             "model.name_or_path to a checkpoint folder (config.json, weights, "
-                            "tokenizer) or a hub id")
+                            "tokenizer), a .gguf file or a hub id")
 
 
 def test_a_manifest_plans_offline(in_repo, tmp_path, fixtures):
