@@ -3,7 +3,9 @@ process at an exact point (``ADALORA_FAULT``) without paying for a fresh interpr
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,10 +23,19 @@ COMPARED = ("metrics.jsonl", "rank_history.jsonl", "rank_pattern.json",
 
 def forked(args: list[str], fault: str | None = None) -> int:
     """``adalora ARGS`` in a forked child; its exit code, or -9 when a fault killed it."""
+    pid = _fork_cli(args, fault)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _fork_cli(args: list[str], fault: str | None, **env: str) -> int:
+    """Fork a child that runs ``adalora ARGS`` with ``env`` (and ``ADALORA_FAULT`` set or
+    cleared) and exits with its code; returns the child's pid."""
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         code = 1
         try:
+            os.environ.update(env)
             if fault:
                 os.environ["ADALORA_FAULT"] = fault
             else:
@@ -32,8 +43,7 @@ def forked(args: list[str], fault: str | None = None) -> int:
             code = CliRunner().invoke(app, args, catch_exceptions=False).exit_code
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    return pid
 
 
 def smoke_args(out: Path, *overrides: str) -> list[str]:
@@ -75,20 +85,17 @@ def forked_ranks(args: list[str], nproc: int = 2, fault: str | None = None) -> l
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    pids = []
-    for rank in range(nproc):
-        pid = os.fork()
-        if pid == 0:  # a rank: never returns into pytest
-            code = 1
-            try:
-                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                if fault:
-                    os.environ["ADALORA_FAULT"] = fault
-                else:
-                    os.environ.pop("ADALORA_FAULT", None)
-                code = CliRunner().invoke(app, args, catch_exceptions=False).exit_code
-            finally:
-                os._exit(code)
-        pids.append(pid)
+    pids = [_fork_cli(args, fault, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)) for rank in range(nproc)]
     return [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+
+
+@pytest.fixture(scope="module")
+def no_dropout(tmp_path_factory) -> Path:
+    """The tiny BERT with dropout off: multi-process runs then match one process exactly."""
+    model = tmp_path_factory.mktemp("models") / "tiny-bert-no-dropout"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "tiny-bert", model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (model / "config.json").write_text(json.dumps(config))
+    return model

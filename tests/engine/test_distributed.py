@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,16 +20,6 @@ from adalora_cli.engine.distributed import World, per_rank_batch, shard
 from adalora_cli.rundir.run import RunDir, read_metrics
 
 from .conftest import ROOT, SMOKE, forked
-
-
-@pytest.fixture(scope="module")
-def no_dropout(tmp_path_factory) -> Path:
-    model = tmp_path_factory.mktemp("models") / "tiny-bert-no-dropout"
-    shutil.copytree(ROOT / "tests" / "fixtures" / "tiny-bert", model)
-    config = json.loads((model / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (model / "config.json").write_text(json.dumps(config))
-    return model
 
 
 def args(model: Path, out: Path, *extra: str) -> list[str]:

@@ -15,10 +15,8 @@ average).
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
-import shutil
 import socket
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from adalora_cli.engine.distributed import World, global_mean, init, shard, shut
 from adalora_cli.engine.outputs import trained_state
 from adalora_cli.engine.step import Stepper
 
-from .conftest import ROOT, SMOKE
+from .conftest import SMOKE
 
 STEPS = 6
 SHORT = ["train.batch_size=16", f"train.max_steps={STEPS}", "adalora.t_init=1",
@@ -43,15 +41,6 @@ METHODS = {
     "bitfit": ["method.name=bitfit"],
 }
 
-
-@pytest.fixture(scope="module")
-def no_dropout(tmp_path_factory) -> Path:
-    model = tmp_path_factory.mktemp("models") / "tiny-bert-no-dropout"
-    shutil.copytree(ROOT / "tests" / "fixtures" / "tiny-bert", model)
-    config = json.loads((model / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (model / "config.json").write_text(json.dumps(config))
-    return model
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
