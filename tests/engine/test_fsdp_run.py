@@ -23,7 +23,6 @@ from adalora_cli.engine import checkpoint as ckpt
 from adalora_cli.rundir.run import RunDir, read_metrics
 
 from .conftest import COMPARED, ROOT, SMOKE, forked, forked_ranks
-from .test_distributed import no_dropout  # noqa: F401  (a fixture)
 
 SHORT = ["train.max_steps=12", "adalora.t_init=2", "adalora.delta_t=2", "adalora.t_final=3",
          "train.eval_every=6", "train.save_every=4"]
