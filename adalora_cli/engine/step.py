@@ -157,7 +157,7 @@ class Stepper:
                                      + self.nonfinite_causes())
         opt = self.optimizer
         lr = opt.param_groups[0]["lr"]  # the rate this step used
-        skipped = self._optimizer_step(finite)
+        skipped, scale = self._optimizer_step(finite)
         with warnings.catch_warnings():
             # a skipped first step means the scheduler moves before any optimizer.step();
             # on purpose: t, and so the lr and budget schedules, count every step
@@ -168,32 +168,38 @@ class Stepper:
         if after is not None:
             # a skipped step's gradients are not finite: the allocator's importance
             # averages (Eqs. 8-10) skip it too, its schedule and mask events still follow t
-            report = after(t, scored=False) if skipped else after(t)
+            if skipped:
+                report = after(t, scored=False)
+            elif scale != 1.0:  # gradients a method collected itself are still scaled
+                report = after(t, grad_scale=scale)
+            else:
+                report = after(t)
         opt.zero_grad(set_to_none=True)
         self._count(t, skipped, loss)
         return StepLog.of(lr, report, skipped)
 
-    def _optimizer_step(self, finite_loss: bool) -> bool:
+    def _optimizer_step(self, finite_loss: bool) -> tuple[bool, float]:
         """Unscale, clip and step (the scaler skips the step itself when a gradient is not
-        finite); returns whether the step was skipped."""
+        finite); returns whether the step was skipped, and the loss scale its backward used
+        (1.0 without fp16 loss scaling)."""
         opt, scaler = self.optimizer, self.scaler
         if not scaler.is_enabled():
             if self.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self.handle.trainable, self.max_grad_norm)
             opt.step()
-            return False
+            return False, 1.0
         # Unscale always, not only to clip: the allocator's |w * grad| (Eq. 8) must see
         # true gradients, not ones multiplied by a moving loss scale.
         scaler.unscale_(opt)
         scale = scaler.get_scale()
         if not finite_loss:  # finite gradients under a non-finite loss: skip it all the same
             scaler.update(scale * scaler.get_backoff_factor())
-            return True
+            return True, scale
         if self.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.handle.trainable, self.max_grad_norm)
         scaler.step(opt)
         scaler.update()  # backs the scale off exactly when it skipped the step
-        return scaler.get_scale() < scale
+        return scaler.get_scale() < scale, scale
 
     def _count(self, t: int, skipped: bool, loss: float | None) -> None:
         """Count a skipped step; :data:`MAX_SKIPPED` in a row end the run."""

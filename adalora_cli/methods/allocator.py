@@ -299,12 +299,14 @@ class RankAllocator:
         torch._foreach_mul_([self.placement.local(t) for t, *_ in self._targets], self._views)
 
     @torch.no_grad()
-    def step(self, t: int, scored: bool = True) -> StepReport:
+    def step(self, t: int, scored: bool = True, grad_scale: float = 1.0) -> StepReport:
         """Call after ``optimizer.step()`` and before ``zero_grad()`` with step t (from 1).
 
         ``scored=False``: the loss scaler skipped this step (its gradients are not finite),
         so the importance averages are left exactly as they were (docs/maths.md#masking);
-        ``t`` still counts it, and a mask event due at ``t`` uses the averages so far."""
+        ``t`` still counts it, and a mask event due at ``t`` uses the averages so far.
+        ``grad_scale`` plays no part: Eq. 8 reads the parameters' gradients, which the
+        loss scaler has unscaled already."""
         self._sync_device()
         b_t = budget_schedule(t, self.b0, self.bT, self.t_init, self.t_final, self.T)
         ranks = None

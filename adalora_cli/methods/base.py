@@ -125,9 +125,13 @@ class RankController(Protocol):
         """Flat 0/1 tensor of the ranks kept now; compared across processes."""
         ...
 
-    def step(self, t: int, scored: bool = True) -> StepReport | None:
+    def step(self, t: int, scored: bool = True, grad_scale: float = 1.0
+             ) -> StepReport | None:
         """After optimizer step t; ``scored=False``: the fp16 loss scaler skipped it, and
-        nothing about it may enter the controller's scores."""
+        nothing about it may enter the controller's scores. ``grad_scale``: the factor the
+        fp16 loss scaler multiplied this step's backward by (1.0 without one); the
+        parameters' gradients are unscaled already, gradients a controller collected
+        itself (IncreLoRA's dL/dDelta W) are not."""
         ...
 
     def rank_pattern(self) -> dict[str, int]: ...
@@ -169,7 +173,8 @@ class MethodHandle:
     """The name the regularizer is logged under in metrics.jsonl (SoRA's is ``gate_l1``)."""
     after_step: Callable[..., StepReport | None] | None = None
     """Called with the optimizer step t (from 1) after optimizer.step() and before
-    zero_grad(), and ``scored=False`` for a step the fp16 loss scaler skipped; returns
+    zero_grad(), with ``scored=False`` for a step the fp16 loss scaler skipped and
+    ``grad_scale`` (the loss scale of the step's backward) for one it applied; returns
     values to log, e.g. {"budget": b_t} and, at mask events,
     {"ranks": {module path: rank}}."""
     allocator: RankController | None = None

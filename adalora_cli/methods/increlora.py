@@ -225,26 +225,30 @@ class RankGrower:
         for layer in self._layers:
             layer.scoring = growing
 
-    def sensitivities(self) -> torch.Tensor:
+    def sensitivities(self, grad_scale: float = 1.0) -> torch.Tensor:
         """Every matrix's sensitivity this step, ``(n,)``, from its collected gradient
-        (averaged over processes first, like every other gradient)."""
+        (averaged over processes first, like every other gradient). The hook collected
+        dL/dDelta W of the loss times the fp16 loss scale ``grad_scale``; the sensitivity is
+        linear in it, so dividing it out gives the true one."""
         for layer in self._layers:
             _all_reduce_mean(layer._grad)
         scores = [layer.take_sensitivity() for layer in self._layers]
-        return torch.stack([s.to(scores[0].device) for s in scores]).double().cpu()  # one sync
+        stacked = torch.stack([s.to(scores[0].device) for s in scores]).double().cpu()  # one sync
+        return stacked / grad_scale if grad_scale != 1.0 else stacked
 
     @torch.no_grad()
-    def step(self, t: int, scored: bool = True) -> StepReport:
+    def step(self, t: int, scored: bool = True, grad_scale: float = 1.0) -> StepReport:
         """After ``optimizer.step()``: update the scores, grow at a growth event.
 
         ``scored=False``: the fp16 loss scaler skipped this step (its gradients are not
         finite), so what the layers collected is dropped and the averages stay as they
         were; as AdaLoRA's allocator does, ``t`` still counts it and a growth event due at
-        ``t`` uses the averages so far."""
+        ``t`` uses the averages so far. ``grad_scale``: the fp16 loss scale of this step's
+        backward, divided out of the collected gradients (:meth:`sensitivities`)."""
         if not self.growing:
             return StepReport(self.total())
         if scored:
-            I = self.sensitivities()  # (n,)
+            I = self.sensitivities(grad_scale)  # (n,)
             self.I_bar.mul_(self.beta1).add_(I, alpha=1 - self.beta1)  # Eq. 9
             self.U_bar.mul_(self.beta2).add_((I - self.I_bar).abs(),
                                              alpha=1 - self.beta2)  # Eq. 10

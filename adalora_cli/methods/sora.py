@@ -93,13 +93,14 @@ class GateSparsifier:
         return torch.cat([(layer.gate.detach() != 0).float() for layer in self._layers])
 
     @torch.no_grad()
-    def step(self, t: int, scored: bool = True) -> StepReport:
+    def step(self, t: int, scored: bool = True, grad_scale: float = 1.0) -> StepReport:
         """Sparsify every gate (after ``optimizer.step()``); report the ranks when they
         changed.
 
         ``scored=False``: the fp16 loss scaler skipped this step, so no gradient step moved
         the gates and no proximal step follows it (the authors' proximal step is part of
-        their gate optimizer's step); the gates and the pattern stay as they were."""
+        their gate optimizer's step); the gates and the pattern stay as they were.
+        ``grad_scale`` plays no part: the proximal step reads no gradient."""
         if not scored:
             pattern = self._last if self._last is not None else self.rank_pattern()
             return StepReport(sum(pattern.values()), None)

@@ -167,3 +167,43 @@ def test_the_loss_scaler_is_on_exactly_for_fp16(monkeypatch):
     monkeypatch.setattr(step_module, "resolve_precision", lambda p, d: "fp16")
     scaled = Stepper.build(model, handle, TrainConfig(), T, torch.device("cpu"))
     assert scaled.scaler.is_enabled() and scaled.precision == "fp16"
+
+
+# ------------------------------------------------------------------ IncreLoRA's growth
+
+
+def increlora_run(scaler: torch.amp.GradScaler | None) -> tuple[Stepper, list, list]:
+    """T steps of IncreLoRA on the tiny BERT; returns the stepper, the importance averages
+    after every step and the rank pattern after every step."""
+    cfg = run_config("increlora", adalora={"t_init": 4, "delta_t": 2, "t_final": 8},
+                     increlora={"budget": 23, "top_h": 3, "add_rank": 2})
+    model = tiny_bert(0)
+    handle = apply_method(model, cfg, T)
+    stepper = Stepper.build(model, handle, TrainConfig(learning_rate=0.01), T,
+                            torch.device("cpu"))
+    if scaler is not None:
+        stepper.scaler = scaler
+    grower, averages, ranks = handle.allocator, [], []
+    for t in range(1, T + 1):
+        stepper.backward(tiny_batch(t))
+        assert not stepper.update(t).skipped
+        averages.append((grower.I_bar.clone(), grower.U_bar.clone()))
+        ranks.append(list(grower.rank_pattern().values()))
+    return stepper, averages, ranks
+
+
+def test_increlora_scores_true_gradients_under_a_moving_loss_scale():
+    """IncreLoRA's hook collects dL/dDelta W of the *scaled* loss (it is no parameter, so
+    the scaler's unscale_ never sees it). With a scale that doubles every other step, the
+    importance averages and the growth must equal an unscaled run's: powers of two scale
+    fp32 exactly, so the weights, and so everything, match."""
+    _, plain_avg, plain_ranks = increlora_run(None)
+    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=2)
+    scaled, scaled_avg, scaled_ranks = increlora_run(scaler)
+    assert scaled.scaler.get_scale() == SCALE * 2 ** (T // 2)  # it did move, 15 times
+    assert plain_ranks[-1] != plain_ranks[0] and sum(plain_ranks[-1]) == 23  # it grew
+    assert scaled_ranks == plain_ranks
+    for (i_plain, u_plain), (i_scaled, u_scaled) in zip(plain_avg, scaled_avg):
+        assert torch.allclose(i_scaled, i_plain, rtol=1e-6, atol=0)
+        assert torch.allclose(u_scaled, u_plain, rtol=1e-6, atol=0)
+    assert plain_avg[T - 9][0].abs().max() > 0  # the last scored step scored something

@@ -85,7 +85,7 @@ def make_stepper(grad_accum=1, max_grad_norm=0.0, scaler=None):
         regularizer=lambda: (model.lin.weight ** 2).sum(),
         # after_step sees the step number, and the gradients before they are cleared (or
         # that the loss scaler skipped the step, tests/engine/test_skipped_steps.py)
-        after_step=lambda t, scored=True: seen.append(
+        after_step=lambda t, scored=True, **_: seen.append(
             (t, model.lin.weight.grad is not None) if scored else (t, "skipped"))
         or StepReport(10 - t, {"lin": t}))
     opt = torch.optim.AdamW(handle.trainable, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
