@@ -87,11 +87,16 @@ def shard(indices: list[int], w: World) -> tuple[list[int], float]:
     return indices[lo:hi], (hi - lo) * w.size / n
 
 
+def _reduce_device() -> torch.device:
+    """Where the backend can reduce a tensor: NCCL needs CUDA tensors, gloo takes CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _tensor(values: list[float], dtype=torch.float64) -> torch.Tensor:
-    """A tensor where the backend can reduce it: NCCL needs CUDA tensors, gloo takes CPU."""
-    cuda = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
-    return torch.tensor(values, dtype=dtype, device=device)
+    """``values`` as a tensor the backend can reduce."""
+    return torch.tensor(values, dtype=dtype, device=_reduce_device())
 
 
 def broadcast(value: Any, w: World) -> Any:
@@ -121,13 +126,14 @@ def any_rank(flag: bool, w: World) -> bool:
     return bool(t.item())
 
 
-def global_mean(value: float, weight: float, w: World) -> float:
-    """The micro-batch's mean loss over all ranks (each rank's mean times its weight)."""
+def global_mean(value: torch.Tensor, weight: float, w: World) -> torch.Tensor:
+    """The micro-batch's mean loss over all ranks (each rank's mean times its weight), a
+    float64 0-d tensor; the all-reduce is queued, nothing waits for it here."""
     if not w.distributed:
         return value
-    t = _tensor([value * weight])
+    t = (value.double() * weight).reshape(1).to(_reduce_device())
     dist.all_reduce(t)
-    return float(t.item()) / w.size
+    return t[0] / w.size
 
 
 def masks_from_rank0(allocator: Any, w: World) -> None:

@@ -41,18 +41,23 @@ class RunLogger:
         self.files, self.trackers, self.progress = files, trackers, progress
         self.log_every, self.steps = log_every, steps
 
-    def step(self, row: dict[str, Any], log: StepLog) -> None:
-        """After optimizer step ``row["step"]``: a mask event is always recorded (the rank
-        history must be complete for the heatmap), the training row every ``log_every``
-        steps and at the last step; the progress bar moves on every step."""
-        step = row["step"]
+    def row_due(self, step: int) -> bool:
+        """Whether step ``step`` writes its training row: every ``log_every`` steps and
+        the last one. Only these read the loss from the device."""
+        return step % self.log_every == 0 or step == self.steps
+
+    def step(self, step: int, log: StepLog, row: dict[str, Any] | None) -> None:
+        """After optimizer step ``step``: a mask event is always recorded (the rank
+        history must be complete for the heatmap), the training ``row`` when it is due
+        (:meth:`row_due`, None otherwise); the progress bar moves on every step, its loss
+        and rate as of the last row."""
         if log.ranks is not None:
             self.files.log_ranks(step, log.ranks)
             self.trackers.log_ranks(step, log.ranks)
-        if step % self.log_every == 0 or step == self.steps:
+        if row is not None:
             self.files.log(row)
             self.trackers.log_row(row)
-        self.progress.advance(row)
+        self.progress.advance(step, row)
 
     def evaluating(self, split: str) -> None:
         self.progress.note(f"evaluating {split}")

@@ -245,6 +245,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     start = time.perf_counter()
 
     def save(before_eval: tuple[list, dict] | None = None) -> None:
+        stepper.check_finite()  # never checkpoint weights a non-finite loss trained
         pos.seconds_now = pos.seconds + time.perf_counter() - start
         rngs = before_eval[0] if before_eval else gather(ckpt.rng_state(), w)  # every rank's
         path = _save(run, built, stepper, generator, pos, rngs, dataset, w, before_eval)
@@ -262,9 +263,14 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                          f"{pos.step}; resume with adalora train --resume {run.path}",
                          step=pos.step)
 
-    def boundary(eval_due: bool) -> None:
-        """After optimizer step ``pos.step``: evaluate, checkpoint, honour a stop."""
+    def boundary(eval_due: bool, synced: bool) -> None:
+        """After optimizer step ``pos.step``: evaluate, checkpoint, honour a stop.
+        ``synced``: this step reads device values anyway (a logged row, a mask event); only
+        then, or before an evaluation or a checkpoint, do the processes of a distributed
+        run agree on a stop (an all-reduce the host waits for)."""
+        save_due = bool(t_cfg.save_every) and pos.step % t_cfg.save_every == 0
         if eval_due:
+            stepper.check_finite()
             # all an evaluation changes; gathered now, while every rank is here
             before = (gather(ckpt.rng_state(), w), run.stream_sizes())
             try:
@@ -273,8 +279,10 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             except Preempted:
                 save(before_eval=before)  # the resumed run evaluates this step again
                 raise stopped(stop.received) from None
-        if t_cfg.save_every and pos.step % t_cfg.save_every == 0:
+        if save_due:
             save()
+        if w.distributed and not (synced or eval_due or save_due):
+            return  # (one process checks its own flag for free, below)
         if any_rank(stop.received is not None, w):  # every rank stops at this step
             if pos.saved_step != pos.step:
                 save()
@@ -285,7 +293,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         logger = RunLogger(run, trackers, progress, t_cfg.log_every, steps)
         beat.step = pos.step
         if pos.eval_pending:  # a resumed run whose last evaluation was cut short
-            boundary(eval_due=True)
+            boundary(eval_due=True, synced=True)
         elif t_cfg.eval_at_start and pos.step == 0 and latest is None and steps > 0:
             # (a run of no steps, method none, is scored once: its final evaluation)
             try:  # nothing to checkpoint yet: a stop here leaves a run to start over
@@ -300,26 +308,35 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             else:
                 generator.set_state(pos.epoch_start)
             batches.skip = pos.consumed
-            micro, loss_sum = 0, 0.0
+            # The losses stay on the device (float64 sums, docs/training.md#host-syncs):
+            # they are read only for a logged row, so other steps never wait for the GPU.
+            micro, loss_sum = 0, None
             for pieces in loader:  # one piece unless train.length_split > 1
                 loss, reg = stepper.backward_pieces(pieces, batches.weight, device)
                 loss = global_mean(loss, batches.weight, w)  # the global batch's mean
-                micro, loss_sum, pos.consumed = micro + 1, loss_sum + loss, pos.consumed + 1
+                micro, pos.consumed = micro + 1, pos.consumed + 1
+                loss_sum = loss if loss_sum is None else loss_sum + loss
                 if micro % t_cfg.grad_accum and pos.consumed < len(loader):
                     continue
                 pos.step += 1
                 faults.hit("midstep", pos.step)
-                # a non-finite loss ends the run here, or is skipped under fp16 loss scaling
-                log = stepper.update(pos.step, loss_sum / micro)
-                row = _train_row(pos.step, loss_sum / micro, log, reg, stepper.handle.reg_name)
-                micro, loss_sum = 0, 0.0
+                mean = loss_sum / micro
+                # a non-finite loss ends the run (at the next check below), or is skipped
+                # under fp16 loss scaling
+                log = stepper.update(pos.step, mean)
+                row_due = logger.row_due(pos.step)
+                if row_due or log.ranks is not None:
+                    stepper.check_finite()
+                row = (_train_row(pos.step, float(mean), log, reg, stepper.handle.reg_name)
+                       if row_due else None)
+                micro, loss_sum = 0, None
                 if log.ranks is not None:  # every rank must have chosen the same ranks
                     check_masks(handle.allocator.mask, pos.step, w)
-                logger.step(row, log)
+                logger.step(pos.step, log, row)
                 beat.step = pos.step
                 faults.hit("step", pos.step)
                 boundary(eval_due=bool(t_cfg.eval_every) and pos.step % t_cfg.eval_every == 0
-                         and pos.step < steps)
+                         and pos.step < steps, synced=row_due or log.ranks is not None)
                 if pos.step >= steps:
                     break
             else:  # the epoch ran out: the next one draws a new order
@@ -327,6 +344,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         if pos.saved_step != pos.step:
             save()  # protects the final evaluation (long for SQuAD and summarization)
         train_seconds = pos.seconds + time.perf_counter() - start
+        stepper.check_finite()  # (a run whose last steps needed no checkpoint)
         try:
             with stop_now():  # the checkpoint at T is saved: a stop loses nothing
                 results = _evaluate(built, stepper, pos.step, logger, w)

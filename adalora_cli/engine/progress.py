@@ -82,8 +82,9 @@ class PlainLines:
     def enabled(self) -> bool:
         return bool(self.steps or self.seconds)
 
-    def advance(self, row: dict[str, Any]) -> None:
-        self.step = int(row["step"])
+    def advance(self, step: int, text: str) -> None:
+        """After step ``step``; ``text``: the stats of the last logged row."""
+        self.step = step
         now = self.clock()
         if self.steps:
             due = self.step % self.steps == 0
@@ -91,7 +92,7 @@ class PlainLines:
             due = self.seconds > 0 and now - self.last_time >= self.seconds
         if due or self.step >= self.total:
             self.last_time = now
-            self._print(stats(row), now)
+            self._print(text, now)
 
     def note(self, text: str) -> None:
         """An evaluation can take minutes: say it started."""
@@ -158,11 +159,14 @@ class TrainProgress:
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
-    def advance(self, row: dict[str, Any]) -> None:
-        self._last = stats(row)
+    def advance(self, step: int, row: dict[str, Any] | None = None) -> None:
+        """One step done; ``row``: its training row when it logged one (the bar shows the
+        last row's loss and rate: reading every step's loss would wait on the GPU)."""
+        if row is not None:
+            self._last = stats(row)
         self._progress.update(self._task, advance=1, status=self._last)
         if self._lines.enabled:
-            self._lines.advance(row)
+            self._lines.advance(step, self._last)
 
     def scores(self, step: int, split: str, metrics: dict[str, float]) -> None:
         """An evaluation's scores, as a line that stays (not for the final evaluation, whose

@@ -8,7 +8,12 @@ scores and masks) -> zero_grad. ``t`` counts optimizer steps from 1, after accum
 Under fp16 loss scaling a step whose loss or gradients are not finite is skipped, as the
 GradScaler skips it: no optimizer update and nothing fed into AdaLoRA's importance averages,
 while ``t`` and both schedules move on; :data:`MAX_SKIPPED` such steps in a row end the run
-(docs/training.md#precision). Without loss scaling a non-finite loss ends the run at once.
+(docs/training.md#precision). Without loss scaling a non-finite loss ends the run.
+
+No host syncs: a step's loss stays a tensor on the device. Without loss scaling the
+finiteness check is a device-side flag too, read by :meth:`Stepper.check_finite` where the
+loop reads device values anyway (a logged row, a mask event, an evaluation, a checkpoint),
+so between logging steps a step never waits for the GPU (docs/training.md#host-syncs).
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ class Stepper:
     """Steps the fp16 loss scaler skipped so far (checkpointed, summed over attempts)."""
     skip_run: int = 0
     """How many of them came last, in a row (checkpointed too)."""
+    _bad: tuple[torch.Tensor, torch.Tensor] | None = None
+    """(first step whose loss was not finite, 0 for none; its loss), on the device, read by
+    :meth:`check_finite` only."""
 
     @classmethod
     def build(cls, model: torch.nn.Module, handle: MethodHandle, train: TrainConfig,
@@ -99,8 +107,9 @@ class Stepper:
                    precision=resolve_precision(train.precision, device))
 
     def backward(self, batch: dict[str, torch.Tensor], weight: float = 1.0,
-                 regularize: bool = True) -> tuple[float, torch.Tensor | None]:
-        """Forward and backward one micro-batch; returns (task loss, unweighted regularizer).
+                 regularize: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward and backward one micro-batch; returns (task loss, unweighted regularizer),
+        both tensors on the device (reading them is the caller's host sync).
 
         ``weight`` scales this process's share of a distributed micro-batch (see
         distributed.shard) times the piece's share under ``train.length_split`` (split.py);
@@ -113,19 +122,26 @@ class Stepper:
         scaled = loss * weight if weight != 1.0 else loss
         total = scaled + handle.reg_weight * reg if reg is not None else scaled
         self.scaler.scale(total / self.grad_accum).backward()
-        return float(loss.detach()), reg
+        return loss.detach(), reg
 
     def backward_pieces(self, pieces: list[tuple[dict[str, torch.Tensor], float]],
                         weight: float = 1.0, device: torch.device | None = None
-                        ) -> tuple[float, torch.Tensor | None]:
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`backward` on each ``(batch, share)`` piece of one micro-batch (split.py);
-        returns the micro-batch's mean loss and the regularizer, added with piece 0 only."""
-        loss, reg = 0.0, None
+        returns the micro-batch's mean loss (a float64 0-d tensor on the device) and the
+        regularizer, added with piece 0 only.
+
+        The mean is summed in float64 in the order a Python float would be (each piece's
+        fp32 loss widened, times its share, added to 0.0), so the value read later is bit
+        for bit the one the loop computed on the host before it stopped syncing."""
+        loss, reg = None, None
         for j, (batch, share) in enumerate(pieces):
             if device is not None:
                 batch = {k: v.to(device) for k, v in batch.items()}
             piece_loss, piece_reg = self.backward(batch, weight * share, regularize=j == 0)
-            loss += share * piece_loss  # one piece: 0.0 + 1.0 * loss, exactly the loss
+            if loss is None:
+                loss = torch.zeros((), dtype=torch.float64, device=piece_loss.device)
+            loss = loss + piece_loss.double() * share  # one piece: 0.0 + loss * 1.0
             if j == 0:
                 reg = piece_reg
         return loss, reg
@@ -145,16 +161,23 @@ class Stepper:
         causes.append(f"train.learning_rate={learning_rate:g} is too high (lower it)")
         return "; ".join(causes)
 
-    def update(self, t: int, loss: float | None = None) -> StepLog:
+    def update(self, t: int, loss: float | torch.Tensor | None = None) -> StepLog:
         """Apply the accumulated gradients as optimizer step ``t`` (from 1).
 
-        ``loss`` is the step's mean loss (None: not checked). Not finite, it ends the run at
-        once without loss scaling; under fp16 loss scaling it skips the step, as a
-        non-finite gradient does, and only :data:`MAX_SKIPPED` skips in a row end the run."""
+        ``loss`` is the step's mean loss (None: not checked). Not finite, it ends the run
+        without loss scaling: at once for a float, at the next :meth:`check_finite` for a
+        tensor (no host sync here). Under fp16 loss scaling it skips the step, as a
+        non-finite gradient does, and only :data:`MAX_SKIPPED` skips in a row end the run;
+        the scaler reads its own device flags anyway, so the loss is read here too."""
+        if isinstance(loss, torch.Tensor):
+            if self.scaler.is_enabled():
+                loss = float(loss)
+            else:
+                self._watch(t, loss)
+                loss = None
         finite = loss is None or math.isfinite(loss)
         if not finite and not self.scaler.is_enabled():
-            raise FloatingPointError(f"loss became {loss} at step {t}; likely causes: "
-                                     + self.nonfinite_causes())
+            raise self._nonfinite(loss, t)
         opt = self.optimizer
         lr = opt.param_groups[0]["lr"]  # the rate this step used
         skipped, scale = self._optimizer_step(finite)
@@ -177,6 +200,29 @@ class Stepper:
         opt.zero_grad(set_to_none=True)
         self._count(t, skipped, loss)
         return StepLog.of(lr, report, skipped)
+
+    def _watch(self, t: int, loss: torch.Tensor) -> None:
+        """Remember, on the device, the first step whose loss is not finite."""
+        if self._bad is None:
+            self._bad = (torch.zeros((), dtype=torch.int64, device=loss.device),
+                         torch.zeros((), dtype=loss.dtype, device=loss.device))
+        first, value = self._bad
+        new = (first == 0) & ~torch.isfinite(loss)
+        self._bad = (torch.where(new, t, first), torch.where(new, loss, value))
+
+    def check_finite(self) -> None:
+        """Raise for the first non-finite loss :meth:`update` saw as a tensor (one host
+        sync; the loop calls it where it reads device values anyway)."""
+        if self._bad is None:
+            return
+        first, value = self._bad
+        t = int(first)
+        if t:
+            raise self._nonfinite(float(value), t)
+
+    def _nonfinite(self, loss: float, t: int) -> FloatingPointError:
+        return FloatingPointError(f"loss became {loss} at step {t}; likely causes: "
+                                  + self.nonfinite_causes())
 
     def _optimizer_step(self, finite_loss: bool) -> tuple[bool, float]:
         """Unscale, clip and step (the scaler skips the step itself when a gradient is not

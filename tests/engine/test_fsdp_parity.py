@@ -74,7 +74,7 @@ def train_steps(overrides: list[str], w: World) -> dict:
             batch = [(16 * (t - 1) + k) % len(data.train) for k in range(16)]
             mine, weight = shard(batch, w) if w.distributed else (batch, 1.0)
             loss, reg = stepper.backward(data.collate([data.train[i] for i in mine]), weight)
-            out["loss"].append(global_mean(loss, weight, w))
+            out["loss"].append(float(global_mean(loss, weight, w)))
             out["reg"].append(None if reg is None else float(reg.detach()))
             out["grads"].append({name: _whole(p.grad) for name, p in model.named_parameters()
                                  if p.grad is not None})

@@ -22,14 +22,21 @@ def test_steps_fan_out_by_the_run_directory_rules():
     files, trackers, progress = Recorder(), Recorder(), Recorder()
     logger = RunLogger(files, trackers, progress, log_every=2, steps=5)
     rows = [{"step": t, "loss": 1.0 / t, "lr": 0.1} for t in range(1, 6)]
+    # rows are due at steps 2 and 4 (log_every) and 5 (the last); only those are built
+    assert [logger.row_due(t) for t in range(1, 6)] == [False, True, False, True, True]
     for row in rows:
-        ranks = {"a": 2, "b": 1} if row["step"] == 3 else None
-        logger.step(row, StepLog(0.1, budget=3, ranks=ranks))
+        step = row["step"]
+        ranks = {"a": 2, "b": 1} if step == 3 else None
+        logger.step(step, StepLog(0.1, budget=3, ranks=ranks),
+                    row if logger.row_due(step) else None)
     assert files.calls == [("log", rows[1]), ("log_ranks", 3, {"a": 2, "b": 1}),
                            ("log", rows[3]), ("log", rows[4])]
     assert trackers.calls == [("log_row", rows[1]), ("log_ranks", 3, {"a": 2, "b": 1}),
                               ("log_row", rows[3]), ("log_row", rows[4])]
-    assert progress.calls == [("advance", row) for row in rows]
+    # the bar moves on every step, with the row when there is one
+    assert progress.calls == [("advance", 1, None), ("advance", 2, rows[1]),
+                              ("advance", 3, None), ("advance", 4, rows[3]),
+                              ("advance", 5, rows[4])]
 
 
 def test_evaluations_reach_files_trackers_and_the_bar():

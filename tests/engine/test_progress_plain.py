@@ -69,7 +69,7 @@ def _drive(monkeypatch, every: str | None, tty: bool, steps: int, dt: float,
     with TrainProgress(total=total, start=start, clock=clock) as bar:
         for step in range(start + 1, start + steps + 1):
             clock.now += dt
-            bar.advance({"step": step, "loss": 0.5, "lr": 1e-3})
+            bar.advance(step, {"step": step, "loss": 0.5, "lr": 1e-3})
     return out.getvalue().splitlines()
 
 
@@ -104,7 +104,7 @@ def test_an_evaluation_before_training_stays_out_of_the_eta(monkeypatch):
         bar.scores(0, "validation", {"accuracy": 0.5})
         bar.restart_clock()
         clock.now += 5.0
-        bar.advance({"step": 1, "loss": 0.5, "lr": 1e-3})
+        bar.advance(1, {"step": 1, "loss": 0.5, "lr": 1e-3})
     lines = out.getvalue().splitlines()
     assert lines[0] == "step 0/4  validation: accuracy 0.5000"
     # 5 s for step 1, 3 to go: the 600 s before training count in neither
@@ -121,7 +121,7 @@ def test_quiet_prints_nothing(monkeypatch):
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setenv(progress_module.ENV, "1")
     with TrainProgress(total=3, disable=True) as bar:
-        bar.advance({"step": 1, "loss": 0.5, "lr": 1e-3})
+        bar.advance(1, {"step": 1, "loss": 0.5, "lr": 1e-3})
     assert out.getvalue() == ""
 
 
