@@ -148,8 +148,8 @@ class ModelConfig:
     base_dtype: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     """Dtype the frozen base weights are loaded in, whatever dtype the checkpoint was stored
     in; the trained adapter and head are always fp32. bf16/fp16 halve the base's memory and
-    need CUDA with mixed precision (train.precision auto, bf16 or fp16); 'auto' is bf16 under
-    bf16 autocast (a GPU with native bf16), else fp32."""
+    need mixed precision (train.precision auto, bf16 or fp16 on CUDA, bf16 on a CPU); 'auto'
+    is bf16 under bf16 autocast, else fp32."""
 
 
 @dataclass(frozen=True)
@@ -453,7 +453,9 @@ class TrainConfig:
     seed: int = 42
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
     """Autocast on CUDA: 'auto' = bf16 where the GPU runs it natively (compute capability
-    >= 8.0), else fp16 with loss scaling (V100, T4); CPU always runs fp32."""
+    >= 8.0), else fp16 with loss scaling (V100, T4). On the CPU 'bf16' autocasts to bf16
+    (adapters, head and optimizer state stay fp32; native with AVX-512 BF16 or AMX, emulated
+    and slow elsewhere); 'auto' and 'fp16' run fp32 there."""
     device: str = "auto"
     """'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ..."""
     eval_batch_size: int = 64

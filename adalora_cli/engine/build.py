@@ -96,23 +96,65 @@ def bf16_native(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
+def cpu_bf16_native() -> bool:
+    """Whether this CPU computes bf16 in hardware: AVX-512 BF16 or AMX tiles (Intel Cooper
+    Lake, Sapphire Rapids and later; AMD Zen 4 and later), as torch's oneDNN dispatch reads
+    them from CPUID. Elsewhere bf16 autocast converts in software, slower than fp32."""
+    cpu = torch.cpu
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    if all(hasattr(cpu, name) for name in checks):
+        return any(getattr(cpu, name)() for name in checks)
+    try:  # an older or newer torch without those helpers: the kernel's flags say the same
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """The autocast precision a run gets from ``train.precision``: fp32 off CUDA; ``auto``
-    is bf16 where the GPU runs it natively and fp16 with loss scaling elsewhere."""
-    if device.type != "cuda" or precision == "fp32":
+    """The autocast precision a run gets from ``train.precision``.
+
+    CUDA: ``auto`` is bf16 where the GPU runs it natively and fp16 with loss scaling
+    elsewhere. CPU: ``bf16`` autocasts to bf16 (docs/training.md#precision); ``auto`` and
+    ``fp16`` are fp32 (fp16 autocast is for GPUs, and bf16 is not ``auto``'s choice on a CPU
+    until three seeds show the demo's accuracy unchanged). Other devices: fp32."""
+    if precision == "fp32":
         return "fp32"
-    if precision == "auto":
-        return "bf16" if bf16_native(device) else "fp16"
-    return precision
+    if device.type == "cuda":
+        if precision == "auto":
+            return "bf16" if bf16_native(device) else "fp16"
+        return precision
+    if device.type == "cpu" and precision == "bf16":
+        return "bf16"
+    return "fp32"
 
 
 def autocast_factory(precision: str, device: torch.device):
-    """Mixed precision on CUDA only; returns (context factory, dtype or None)."""
+    """Mixed precision on CUDA, and bf16 on the CPU; returns (context factory, dtype or
+    None)."""
     ran = resolve_precision(precision, device)
     if ran == "fp32":
         return contextlib.nullcontext, None
     dtype = _DTYPES[ran]
-    return (lambda: torch.autocast("cuda", dtype=dtype)), dtype
+    return (lambda: torch.autocast(device.type, dtype=dtype)), dtype
+
+
+def _precision_notes(asked: str, ran: str, device: torch.device) -> None:
+    """One line on stderr where the precision that runs is not what the words suggest."""
+    note = None
+    if ran == "bf16" and device.type == "cuda" and not bf16_native(device):
+        note = (f"warning: train.precision=bf16 on {torch.cuda.get_device_name(device)}, "
+                "which only emulates bf16 (slower than fp16); train.precision=auto picks "
+                "fp16 with loss scaling there")
+    elif ran == "bf16" and device.type == "cpu" and not cpu_bf16_native():
+        note = ("warning: train.precision=bf16 on a CPU without native bf16 (no AVX-512 BF16 "
+                "or AMX): autocast converts in software, slower than fp32 "
+                "(train.precision=fp32)")
+    elif asked == "fp16" and device.type == "cpu":
+        note = ("note: train.precision=fp16 runs in fp32 on the CPU (fp16 autocast is for "
+                "GPUs; train.precision=bf16 is the CPU's half precision)")
+    if note:
+        print(note, file=sys.stderr, flush=True)
 
 
 def _looks_local(name: str) -> bool:
@@ -224,15 +266,17 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def base_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
     """The dtype ``model.base_dtype`` asks for on ``device``; a half-precision base needs
-    autocast (CUDA with mixed precision), since our fp32 adapters meet it in every layer."""
+    autocast (CUDA with mixed precision, or bf16 on a CPU), since our fp32 adapters meet it
+    in every layer."""
     name = cfg.model.base_dtype
     _, amp = autocast_factory(cfg.train.precision, device)
     if name == "auto":
         return amp if amp is torch.bfloat16 else torch.float32
     if name != "fp32" and amp is None:
-        raise ConfigError(f"model.base_dtype={name} needs CUDA with mixed precision, but this "
-                          f"run has device {device} and train.precision="
-                          f"{cfg.train.precision}; use model.base_dtype=fp32 (or auto)")
+        raise ConfigError(f"model.base_dtype={name} needs mixed precision (CUDA, or "
+                          f"train.precision=bf16 on a CPU), but this run has device {device} "
+                          f"and train.precision={cfg.train.precision}; use "
+                          "model.base_dtype=fp32 (or auto)")
     return _DTYPES[name]
 
 
@@ -353,10 +397,8 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     if sharding.enabled(cfg):
         sharding.find_blocks(model)  # a model it cannot shard is refused here
     precision = resolve_precision(cfg.train.precision, device)
-    if precision == "bf16" and not bf16_native(device) and (w is None or w.main):
-        print(f"warning: train.precision=bf16 on {torch.cuda.get_device_name(device)}, which "
-              "only emulates bf16 (slower than fp16); train.precision=auto picks fp16 with "
-              "loss scaling there", file=sys.stderr, flush=True)
+    if w is None or w.main:
+        _precision_notes(cfg.train.precision, precision, device)
     path = resolved.model.name_or_path
     base = gguf.describe(path) if gguf.is_gguf(path) else None
     return Built(cfg, task, model, tokenizer, data, handle, steps, device, precision, dtype,

@@ -72,3 +72,86 @@ def test_rocm_runs_bf16(gpu, monkeypatch):
 def test_dtype_names_are_the_config_s():
     assert [build.dtype_name(d) for d in (torch.float32, torch.bfloat16, torch.float16)] == [
         "fp32", "bf16", "fp16"]
+
+
+# ------------------------------------------------------------------ bf16 on the CPU
+CPU = torch.device("cpu")
+
+
+def test_the_cpu_autocasts_only_when_asked_for_bf16():
+    assert [resolve_precision(p, CPU) for p in ("auto", "bf16", "fp16", "fp32")] == [
+        "fp32", "bf16", "fp32", "fp32"]
+    context, dtype = autocast_factory("bf16", CPU)
+    assert dtype is torch.bfloat16
+    with context():
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") is torch.bfloat16
+        assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype is torch.bfloat16
+    assert autocast_factory("auto", CPU)[1] is None
+    # a bf16 base may now run on the CPU (it meets bf16 autocast); without it, refused
+    cfg = run_config("lora", model={"base_dtype": "bf16"}, train={"precision": "bf16"})
+    assert base_dtype(cfg, CPU) is torch.bfloat16
+    assert base_dtype(run_config("lora", model={"base_dtype": "auto"},
+                                 train={"precision": "bf16"}), CPU) is torch.bfloat16
+    with pytest.raises(build.ConfigError, match="train.precision=bf16 on a CPU"):
+        base_dtype(run_config("lora", model={"base_dtype": "bf16"}), CPU)
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, native", [(True, False, True), (False, True, True),
+                                                      (False, False, False)])
+def test_native_cpu_bf16_is_avx512_bf16_or_amx(monkeypatch, avx512_bf16, amx, native):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert build.cpu_bf16_native() is native
+
+
+def test_without_torch_s_helpers_the_cpu_flags_decide(monkeypatch, tmp_path):
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    flags = {"/proc/cpuinfo": "flags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile\n"}
+    monkeypatch.setattr(build.Path, "read_text", lambda self: flags[str(self)])
+    assert build.cpu_bf16_native()
+    flags["/proc/cpuinfo"] = "flags\t\t: fpu sse avx2 avx512f\n"
+    assert not build.cpu_bf16_native()
+
+
+def test_a_bf16_step_on_the_cpu_keeps_adapters_head_and_adam_in_fp32():
+    from adalora_cli.config import TrainConfig
+    from adalora_cli.engine.step import Stepper
+    from adalora_cli.methods import apply_method
+    from tests.methods._tiny import tiny_batch, tiny_bert
+
+    model = tiny_bert(0)
+    handle = apply_method(model, run_config(
+        "adalora", adalora={"budget": 16, "t_init": 2, "delta_t": 2, "t_final": 2}), 10)
+    stepper = Stepper.build(model, handle, TrainConfig(precision="bf16"), 10, CPU)
+    assert stepper.precision == "bf16" and not stepper.scaler.is_enabled()
+    outputs = []
+    model.register_forward_hook(lambda m, i, o: outputs.append(o.logits.dtype))
+    loss, _ = stepper.backward_pieces([(tiny_batch(1), 1.0)])
+    stepper.update(1, loss)
+    assert outputs == [torch.bfloat16]  # the forward ran under bf16 autocast
+    assert {p.dtype for p in handle.trainable} == {torch.float32}
+    states = [stepper.optimizer.state[p] for p in handle.trainable]
+    assert {s["exp_avg"].dtype for s in states} == {torch.float32}
+    assert all(p.grad is None for p in handle.trainable)  # zeroed after the step
+    assert torch.isfinite(loss) and loss.dtype is torch.float64
+
+
+@pytest.mark.parametrize("native, warned", [(False, True), (True, False)])
+def test_smoke_run_in_bf16_records_it_and_warns_once_where_emulated(
+        monkeypatch, tmp_path, capsys, native, warned):
+    import json
+
+    from adalora_cli.config import load_config
+    from adalora_cli.engine.loop import train
+
+    from .conftest import SMOKE
+
+    monkeypatch.setattr(build, "cpu_bf16_native", lambda: native)
+    run = train(load_config(SMOKE, ["train.precision=bf16", "train.max_steps=14"]),
+                tmp_path / "run", quiet=True)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["precision"]["autocast"] == "bf16"
+    assert summary["precision"]["loss_scaling"] is False
+    err = capsys.readouterr().err
+    assert err.count("without native bf16") == (1 if warned else 0)

@@ -166,6 +166,7 @@ def test_base_dtype_on_cpu() -> None:
     cpu = torch.device("cpu")
     assert base_dtype(run_config("lora", model={"base_dtype": "auto"}), cpu) is torch.float32
     assert base_dtype(run_config("lora"), cpu) is torch.float32
-    with pytest.raises(ConfigError, match=r"model.base_dtype=bf16 needs CUDA with mixed "
-                                          r"precision, but this run has device cpu"):
+    with pytest.raises(ConfigError, match=r"model.base_dtype=bf16 needs mixed precision "
+                                          r"\(CUDA, or train.precision=bf16 on a CPU\), but "
+                                          r"this run has device cpu"):
         base_dtype(run_config("lora", model={"base_dtype": "bf16"}), cpu)
