@@ -40,23 +40,25 @@ def from_pretrained(auto_class: Any, path: str, dtype: torch.dtype = torch.float
                                           **gguf.model_kwargs(), **kwargs)
 
 
+def _from_path(auto_class: Any, path: str, kwargs: dict[str, Any]) -> Any:
+    """``auto_class.from_pretrained(path)``, with the GGUF file's arguments for a ``.gguf``
+    path (read under :func:`gguf.reading`)."""
+    where, extra = gguf.split(path)
+    if not extra:
+        return auto_class.from_pretrained(where, **kwargs)
+    with gguf.reading(path):
+        return auto_class.from_pretrained(where, **extra, **kwargs)
+
+
 def load_config(path: str, **kwargs: Any) -> Any:
     """``AutoConfig.from_pretrained(path)``, from the file's metadata for a ``.gguf`` path."""
     from transformers import AutoConfig
 
-    where, extra = gguf.split(path)
-    if not extra:
-        return AutoConfig.from_pretrained(where, **kwargs)
-    with gguf.reading(path):
-        return AutoConfig.from_pretrained(where, **extra, **kwargs)
+    return _from_path(AutoConfig, path, kwargs)
 
 
 def load_tokenizer(path: str, **kwargs: Any) -> Any:
     """``AutoTokenizer.from_pretrained(path)``, built from the file for a ``.gguf`` path."""
     from transformers import AutoTokenizer
 
-    where, extra = gguf.split(path)
-    if not extra:
-        return AutoTokenizer.from_pretrained(where, **kwargs)
-    with gguf.reading(path):
-        return AutoTokenizer.from_pretrained(where, **extra, **kwargs)
+    return _from_path(AutoTokenizer, path, kwargs)
