@@ -155,3 +155,24 @@ def test_smoke_run_in_bf16_records_it_and_warns_once_where_emulated(
     assert summary["precision"]["loss_scaling"] is False
     err = capsys.readouterr().err
     assert err.count("without native bf16") == (1 if warned else 0)
+
+
+@pytest.mark.parametrize("native, reason", [(False, "no native bf16"),
+                                            (True, "which has native bf16")])
+def test_auto_on_the_cpu_runs_fp32_and_says_so_once(monkeypatch, tmp_path, capsys, native,
+                                                      reason):
+    import json
+
+    from adalora_cli.config import load_config
+    from adalora_cli.engine.loop import train
+
+    from .conftest import SMOKE
+
+    monkeypatch.setattr(build, "cpu_bf16_native", lambda: native)
+    run = train(load_config(SMOKE, ["train.precision=auto", "train.max_steps=14"]),
+                tmp_path / "run", quiet=True)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["precision"]["autocast"] == "fp32"
+    notes = [line for line in capsys.readouterr().err.splitlines()
+             if "train.precision=auto" in line]
+    assert len(notes) == 1 and reason in notes[0] and "runs fp32" in notes[0]
