@@ -25,10 +25,14 @@ def report(
     min_seeds: int = typer.Option(
         1, "--min-seeds", help="Leave out settings with fewer seeds (e.g. 2 after a "
                                "learning-rate search on seed 0)"),
+    against: str | None = typer.Option(
+        None, "--against", help="Compare every method with this one at the same budget "
+                                "level (Welch t-test); default lora, e.g. adalora"),
 ) -> None:
     """Tables (paper Tables 1-3, 9) and figures (3-5) from finished run directories."""
     from ..report.command import run_report
 
     with boundary(interrupted="interrupted", os_errors=True):
         run_report(list(paths), fmt, out_dir, paper=paper, figures=figures,
-                   eval_name=eval_name, min_seeds=min_seeds, out=out(), err=err())
+                   eval_name=eval_name, min_seeds=min_seeds, against=against, out=out(),
+                   err=err())

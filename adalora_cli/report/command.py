@@ -18,9 +18,12 @@ from ..errors import warning, write_failed
 
 def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool,
                figures: bool, eval_name: str | None, out: Console, err: Console,
-               min_seeds: int = 1) -> None:
+               min_seeds: int = 1, against: str | None = None) -> None:
     """``fmt``: one of render.FORMATS, several joined by commas, or ``all``. Skipped runs
-    and left-out runs are warnings on ``err``; no finished run at all is a ConfigError."""
+    and left-out runs are warnings on ``err``; no finished run at all is a ConfigError.
+    ``against``: the method the others are tested against (None: LoRA, silently absent);
+    one named but not among the finished runs is a ConfigError."""
+    from ..methods.registry import METHODS
     from .render import FORMATS
     from .tables import build_report
 
@@ -36,14 +39,22 @@ def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool
         check_out_dir(out_dir)
     if min_seeds < 1:
         raise ConfigError(f"--min-seeds {min_seeds} must be at least 1")
+    if against is not None and against not in METHODS:
+        raise ConfigError(f"unknown --against {against!r}; choose a method name: "
+                          f"{', '.join(METHODS)}")
     result = build_report(list(paths), show_paper=paper, eval_name=eval_name,
-                          min_seeds=min_seeds)
+                          min_seeds=min_seeds, against=against or "lora")
     for path, reason in result.skipped:
         _warn(err, f"skipped {path}: {reason}")
     for note in result.notes:
         _warn(err, note)
     if not result.runs:
         raise ConfigError(f"no finished runs under {', '.join(map(str, paths))}")
+    methods = sorted({r.method for r in result.runs})
+    if against is not None and against not in methods:
+        raise ConfigError(f"--against {against}: no finished {against} runs under "
+                          f"{', '.join(map(str, paths))} to compare with; the methods there: "
+                          f"{', '.join(methods)}")
     emit(result, formats, out_dir, figures, out, err)
 
 

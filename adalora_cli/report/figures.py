@@ -122,8 +122,11 @@ def budget_curves(tables: list[Table], out: Path) -> list[Path]:
     for table in tables:
         for task in dict.fromkeys(c.task for c in table.columns):
             cols = [c for c in table.columns if c.task == task]
-            fig, axes = plt.subplots(1, len(cols), figsize=(max(5.6, 4.6 * len(cols)), 3.8),
-                                     squeeze=False)
+            # past a handful of lines (today's eight methods) the legend would hide points:
+            # it goes beside the axes, which widen the figure to make room
+            beside = len({(r.method, r.variant) for r in table.rows}) > 4
+            fig, axes = plt.subplots(1, len(cols), squeeze=False, figsize=(
+                max(5.6, 4.6 * len(cols)) + (1.6 * len(cols) if beside else 0), 3.8))
             for ax, col in zip(axes[0], cols):
                 # one line per method and distinguishing config (e.g. one per lr)
                 by_method: dict[tuple, list] = defaultdict(list)
@@ -156,7 +159,10 @@ def budget_curves(tables: list[Table], out: Path) -> list[Path]:
                 better = "lower" if col.lower_is_better else "higher"
                 ax.set_ylabel(f"{col.title} {col.label} ({better} is better)")
                 ax.grid(alpha=0.3)
-                ax.legend(fontsize=7)
+                if beside:
+                    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+                else:
+                    ax.legend(fontsize=7)
             fig.suptitle(f"{cols[0].title}: mean ± std over seeds", fontsize=10)
             paths.append(_save(fig, out / f"fig4_budget_{_slug(task)}.png"))
     return paths

@@ -191,8 +191,8 @@ def render_markdown(report: Report) -> str:
         out += _md_table(headers, [[_text(c, "markdown") for c in cells] for _, cells in lines])
         headers, rows = _comparison_grid(report, table)
         if rows:
-            out += ["", "Against LoRA at the same budget level: difference of means "
-                    "(two-sided Welch t-test p-value across seeds).", ""]
+            out += ["", f"Against {report.against_name} at the same budget level: "
+                    "difference of means (two-sided Welch t-test p-value across seeds).", ""]
             out += _md_table(headers, rows)
         out.append("")
     headers, rows = _cost_grid(report)
@@ -242,13 +242,15 @@ def render_latex(report: Report) -> str:
 
 
 def render_csv(report: Report) -> str:
-    """Long form: one line per table row and column, with paper values and the LoRA test."""
+    """Long form: one line per table row and column, with paper values and the test against
+    the baseline method (``diff_vs_lora``, ``p_vs_lora``; ``diff_vs_adalora`` ... with
+    ``--against adalora``)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     differs = _differs(report)  # config columns that tell rows apart, when any do
     w.writerow(["table", "method", "label", "budget_level", "size", *map(short_key, differs),
                 "params", "column", "mean", "std", "n", "best", "paper", "diff_vs_paper",
-                "diff_vs_lora", "p_vs_lora"])
+                f"diff_vs_{report.against}", f"p_vs_{report.against}"])
     comps = {(id(c.row), c.column): c for c in report.comparisons}
     for table in report.tables:
         keys = [c.key for c in table.columns] + ([ALL_AVE] if table.has_all_ave else [])
@@ -293,8 +295,8 @@ def render_rich(report: Report, console: Console) -> None:
         console.print(rt)
         headers, rows = _comparison_grid(report, table)
         if rows:
-            console.print(_plain_table("vs LoRA at the same budget level (Welch t-test)",
-                                       headers, rows))
+            console.print(_plain_table(f"vs {report.against_name} at the same budget level "
+                                       "(Welch t-test)", headers, rows))
     console.print(_plain_table("Training cost (paper Table 9)", *_cost_grid(report)))
 
 

@@ -4,8 +4,9 @@ A row is a method at one size (its budget level and matched r0 / r / d), its "# 
 the adapter parameters as the paper counts them (AdaLoRA: the parameters left after
 pruning, ``final_adapter_params``; the others: ``adapter_params``). A cell is the mean
 over seeds with the sample standard deviation (ddof = 1) and the number of seeds. Each
-method is compared with LoRA at the same budget level by a two-sided Welch t-test across
-seeds.
+method is compared with one baseline method (LoRA unless ``--against`` names another, e.g.
+AdaLoRA when new methods challenge it) at the same budget level by a two-sided Welch t-test
+across seeds.
 
 Only seeds of one experiment are pooled: runs whose configs differ in anything but the seed
 and bookkeeping (their digests differ, see ``methods.registry.comparable_config``) are
@@ -324,20 +325,20 @@ class Comparison:
     p: float | None
 
 
-def compare_to_lora(tables: list[Table]) -> list[Comparison]:
-    """Each method against LoRA at the same budget level, per column: the LoRA row with the
-    same distinguishing config values, else the only LoRA row at that level."""
+def compare_against(tables: list[Table], against: str = "lora") -> list[Comparison]:
+    """Each method against the ``against`` method at the same budget level, per column: its
+    row with the same distinguishing config values, else its only row at that level."""
     out = []
     for table in tables:
-        loras: dict[int | None, list[Row]] = {}
+        bases: dict[int | None, list[Row]] = {}
         for r in table.rows:
-            if r.method == "lora":
-                loras.setdefault(r.budget_level, []).append(r)
+            if r.method == against:
+                bases.setdefault(r.budget_level, []).append(r)
         for row in table.rows:
-            same_level = loras.get(row.budget_level, [])
+            same_level = bases.get(row.budget_level, [])
             base = next((b for b in same_level if b.variant == row.variant),
                         same_level[0] if len(same_level) == 1 else None)
-            if row.method == "lora" or base is None:
+            if row.method == against or base is None:
                 continue
             for col in table.columns:
                 a, b = row.cells.get(col.key), base.cells.get(col.key)
@@ -387,6 +388,12 @@ class Report:
     notes: list[str]
     """Warnings about runs read but not counted: repeated seeds, settings under --min-seeds."""
     show_paper: bool = False
+    against: str = "lora"
+    """The method every other one is compared with (``--against``)."""
+
+    @property
+    def against_name(self) -> str:
+        return METHOD_NAMES.get(self.against, self.against)
 
 
 def keep_min_seeds(runs: list[Run], minimum: int) -> tuple[list[Run], list[str]]:
@@ -412,7 +419,8 @@ def keep_min_seeds(runs: list[Run], minimum: int) -> tuple[list[Run], list[str]]
 
 
 def build_report(paths: list[Path], show_paper: bool = False,
-                 eval_name: str | None = None, min_seeds: int = 1) -> Report:
+                 eval_name: str | None = None, min_seeds: int = 1,
+                 against: str = "lora") -> Report:
     runs, skipped = load_runs(paths, eval_name)
     inside = [f"{outer} is a run directory holding {n} other run{'s' * (n != 1)} in its "
               "folder; they are reported as runs of their own (keep a sweep's runs out of "
@@ -421,5 +429,5 @@ def build_report(paths: list[Path], show_paper: bool = False,
     runs, duplicates = dedupe_seeds(runs)
     runs, left_out = keep_min_seeds(runs, min_seeds)
     tables = build_tables(runs)
-    return Report(tables, compare_to_lora(tables), training_cost(runs), runs, skipped,
-                  inside + duplicates + left_out, show_paper)
+    return Report(tables, compare_against(tables, against), training_cost(runs), runs,
+                  skipped, inside + duplicates + left_out, show_paper, against)

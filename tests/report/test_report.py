@@ -134,6 +134,47 @@ def test_comparison_with_lora(runs):
     assert all(c.row.method == "adalora" for c in report.comparisons)
 
 
+SORA_RTE = [0.83, 0.86, 0.83]      # mean 84.0: 4.0 below AdaLoRA's 86.0, 2.0 above LoRA's
+
+
+def test_comparison_against_adalora(runs):
+    for seed, value in enumerate(SORA_RTE):
+        make_run(runs / "sweep-c", f"rte-sora-s{seed}", "rte", "sora", seed, acc(value), 144)
+    report = build_report([runs], against="adalora")
+    comps = {c.row.method: c for c in report.comparisons}
+    assert set(comps) == {"lora", "sora"}  # BitFit has no level, SST-2 no AdaLoRA row
+    assert all(c.baseline.method == "adalora" and c.column == "rte:Acc" for c in comps.values())
+    assert comps["lora"].diff == pytest.approx(82.0 - 86.0)
+    assert comps["sora"].diff == pytest.approx(84.0 - 86.0)
+    for method, values in (("lora", LORA_RTE), ("sora", SORA_RTE)):
+        expected = stats.ttest_ind([100 * v for v in values], [100 * v for v in ADA_RTE],
+                                   equal_var=False).pvalue
+        assert comps[method].p == pytest.approx(expected, rel=1e-9)
+    text = render_markdown(report)
+    assert "Against AdaLoRA at the same budget level" in text and "Against LoRA" not in text
+    assert "| SoRA | 144 | AdaLoRA |  | -2.00 (p 0.176) |" in text, text
+    rows = list(csv.DictReader(io.StringIO(render_csv(report))))
+    sora = next(r for r in rows if r["method"] == "sora")
+    assert float(sora["diff_vs_adalora"]) == pytest.approx(-2.0)
+    assert "diff_vs_lora" not in rows[0]
+    # the default stays LoRA: its CSV columns keep their names
+    assert "diff_vs_lora" in render_csv(build_report([runs])).splitlines()[0]
+
+
+def test_cli_against_adalora_and_its_errors(runs):
+    result = runner.invoke(app, ["report", str(runs), "--format", "markdown", "--against",
+                                 "adalora"])
+    assert result.exit_code == 0, result.output
+    assert "| LoRA r=2 | 144 | AdaLoRA |  | -4.00 (p 0.055) |" in result.stdout
+    for name, fragment in (("nosuch", "unknown --against 'nosuch'; choose a method name: "),
+                           ("sora", "--against sora: no finished sora runs under ")):
+        result = runner.invoke(app, ["report", str(runs), "--against", name])
+        assert result.exit_code == 2
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: " + fragment), result.stderr
+    assert "the methods there: adalora, bitfit, lora" in lines[0]
+
+
 def glue_metrics(task: str, v: float) -> dict:
     if task == "mnli":
         return {"validation_matched": {"accuracy": v},
