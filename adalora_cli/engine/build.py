@@ -150,18 +150,26 @@ def _precision_notes(asked: str, ran: str, device: torch.device) -> None:
         note = ("warning: train.precision=bf16 on a CPU without native bf16 (no AVX-512 BF16 "
                 "or AMX): autocast converts in software, slower than fp32 "
                 "(train.precision=fp32)")
-    elif asked == "auto" and device.type == "cpu":
-        # auto stays fp32 on every CPU until bf16's accuracy is shown on three seeds of the
-        # demo (docs/training.md#precision); say which of the two reasons applies here
-        note = ("note: train.precision=auto runs fp32 on this CPU, which has native bf16: "
-                "train.precision=bf16 uses it" if cpu_bf16_native() else
-                "note: train.precision=auto runs fp32 on this CPU (no native bf16: AVX-512 "
-                "BF16 or AMX)")
     elif asked == "fp16" and device.type == "cpu":
         note = ("note: train.precision=fp16 runs in fp32 on the CPU (fp16 autocast is for "
                 "GPUs; train.precision=bf16 is the CPU's half precision)")
     if note:
         print(note, file=sys.stderr, flush=True)
+
+
+def cpu_auto_note(asked: str, device: torch.device) -> str | None:
+    """What ``train.precision=auto`` did on a CPU, for a run that shows its progress: fp32
+    on every CPU until bf16's accuracy is shown on three seeds of the demo
+    (docs/training.md#precision), and whether this CPU's bf16 is native (so that asking for
+    it would pay). None elsewhere. Not a warning: the loop prints it only beside a progress
+    bar, and ``summary.json`` records the precision either way."""
+    if asked != "auto" or device.type != "cpu":
+        return None
+    if cpu_bf16_native():
+        return ("note: train.precision=auto runs fp32 on this CPU, which has native bf16: "
+                "train.precision=bf16 uses it")
+    return ("note: train.precision=auto runs fp32 on this CPU (no native bf16: AVX-512 BF16 "
+            "or AMX)")
 
 
 def _looks_local(name: str) -> bool:

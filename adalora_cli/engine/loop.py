@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,7 @@ from ..rundir.summary import Summary
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults, sharded_checkpoint, sharding
-from .build import Built, autocast_factory, build_run, dtype_name
+from .build import Built, autocast_factory, build_run, cpu_auto_note, dtype_name
 from .distributed import (
     World,
     any_rank,
@@ -288,6 +289,8 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                 save()
             raise stopped(stop.received)
 
+    if not quiet and (note := cpu_auto_note(t_cfg.precision, device)):
+        print(note, file=sys.stderr, flush=True)
     with TrainProgress(total=steps, disable=quiet, start=pos.step) as progress, \
             _heartbeat(run, w) as beat:
         logger = RunLogger(run, trackers, progress, t_cfg.log_every, steps)

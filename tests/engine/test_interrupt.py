@@ -33,10 +33,8 @@ def _twice(tmp_path, *overrides: str) -> tuple[subprocess.CompletedProcess, obje
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "ADALORA_FAULT": "int2@midstep=10"}
-    # fp32 named: train.precision=auto on a CPU says so first, and these read line by line
-    done = subprocess.run([sys.executable, "-m", "adalora_cli", "train", SMOKE,
-                           "train.precision=fp32", *overrides, "--run-dir", str(out), "--quiet"],
-                          cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "adalora_cli", "train", SMOKE, *overrides,
+                           "--run-dir", str(out), "--quiet"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     return done, out
 

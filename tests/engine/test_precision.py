@@ -169,10 +169,14 @@ def test_auto_on_the_cpu_runs_fp32_and_says_so_once(monkeypatch, tmp_path, capsy
     from .conftest import SMOKE
 
     monkeypatch.setattr(build, "cpu_bf16_native", lambda: native)
-    run = train(load_config(SMOKE, ["train.precision=auto", "train.max_steps=14"]),
-                tmp_path / "run", quiet=True)
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["precision"]["autocast"] == "fp32"
-    notes = [line for line in capsys.readouterr().err.splitlines()
-             if "train.precision=auto" in line]
-    assert len(notes) == 1 and reason in notes[0] and "runs fp32" in notes[0]
+    for quiet in (False, True):
+        run = train(load_config(SMOKE, ["train.precision=auto", "train.max_steps=14"]),
+                    tmp_path / f"run-{quiet}", quiet=quiet)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["precision"]["autocast"] == "fp32"
+        notes = [line for line in capsys.readouterr().err.splitlines()
+                 if "train.precision=auto" in line]
+        if quiet:  # beside a progress bar only: --quiet runs (sweeps, scripts) stay terse
+            assert notes == []
+        else:
+            assert len(notes) == 1 and reason in notes[0] and "runs fp32" in notes[0]
