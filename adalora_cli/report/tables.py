@@ -36,7 +36,8 @@ _METHOD_ORDER = list(METHODS)  # the registry lists methods in the paper's row o
 SHORT_KEYS = {"train.learning_rate": "lr", "train.max_steps": "steps",
               "model.name_or_path": "model", "train.epochs": "epochs",
               "train.batch_size": "batch", "train.warmup_steps": "warmup",
-              "train.grad_accum": "accum", "train.weight_decay": "wd"}
+              "train.grad_accum": "accum", "train.weight_decay": "wd",
+              "train.precision": "precision"}
 """Column names of config keys that tell rows apart; any other key is shown by its full
 dotted name."""
 SIZE_KEYS = frozenset({key for spec in METHODS.values()
