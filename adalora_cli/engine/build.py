@@ -99,7 +99,7 @@ def bf16_native(device: torch.device) -> bool:
 def cpu_bf16_native() -> bool:
     """Whether this CPU computes bf16 in hardware: AVX-512 BF16 or AMX tiles (Intel Cooper
     Lake, Sapphire Rapids and later; AMD Zen 4 and later), as torch's oneDNN dispatch reads
-    them from CPUID. Elsewhere bf16 autocast converts in software, slower than fp32."""
+    them from CPUID. Elsewhere bf16 autocast converts in software, many times slower than fp32."""
     cpu = torch.cpu
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     if all(hasattr(cpu, name) for name in checks):
@@ -148,7 +148,7 @@ def _precision_notes(asked: str, ran: str, device: torch.device) -> None:
                 "fp16 with loss scaling there")
     elif ran == "bf16" and device.type == "cpu" and not cpu_bf16_native():
         note = ("warning: train.precision=bf16 on a CPU without native bf16 (no AVX-512 BF16 "
-                "or AMX): autocast converts in software, slower than fp32 "
+                "or AMX): autocast converts in software, many times slower than fp32 "
                 "(train.precision=fp32)")
     elif asked == "fp16" and device.type == "cpu":
         note = ("note: train.precision=fp16 runs in fp32 on the CPU (fp16 autocast is for "
