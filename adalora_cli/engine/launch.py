@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 import uuid
@@ -67,14 +68,18 @@ def parent_for_ranks() -> Iterator[None]:
 
 def launch(nproc: int, args: list[str]) -> int:
     """Run ``python -m adalora_cli ARGS`` on ``nproc`` ranks; the first failure's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     _quiet_agent()
 
+    # the agent keeps each rank's error file in a folder of its own under the temp dir and
+    # never removes it: a run would leave one more /tmp/torchelastic_* behind every time
+    logs = DefaultLogsSpecs()
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=f"adalora-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", max_restarts=0)
+                          rdzv_endpoint="localhost:0", max_restarts=0, logs_specs=logs)
     try:
         with rank_threads(nproc), parent_for_ranks():
             elastic_launch(config, entrypoint=sys.executable)("-m", "adalora_cli", *args)
@@ -96,6 +101,8 @@ def launch(nproc: int, args: list[str]) -> int:
             return EXIT_PREEMPTED  # the ranks, and rank 0 says in one line where the run stands
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_FAILED
+    finally:  # whatever the ranks' error files said was read above
+        shutil.rmtree(logs.root_log_dir, ignore_errors=True)
     return 0
 
 

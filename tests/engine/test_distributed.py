@@ -62,10 +62,12 @@ def one_process(no_dropout, tmp_path_factory, warm) -> Path:
 
 @pytest.mark.e2e
 def test_two_processes_reproduce_one(no_dropout, one_process, tmp_path):
-    out = tmp_path / "two"
-    proc = adalora(*args(no_dropout, out), "--nproc", "2")
+    out, temp = tmp_path / "two", tmp_path / "tmp"
+    temp.mkdir()
+    proc = adalora(*args(no_dropout, out), "--nproc", "2", env={"TMPDIR": str(temp)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("run directory:") == 1  # rank 0 speaks for the run
+    assert list(temp.iterdir()) == []  # the launcher's error-file folder went with it
     assert_same_run(one_process, out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total_steps"] == 32  # T from the global batch: 64 / 16 x 8 epochs
@@ -267,10 +269,12 @@ def test_a_rank_side_error_is_one_line_under_nproc(tmp_path):
 def test_a_killed_rank_is_said_by_its_partner_and_the_launcher(tmp_path):
     """Rank 1 SIGKILLed after step 5: rank 0's next collective fails; it says a rank died
     (not gloo's socket error) and how to resume, and the launcher says which rank and how."""
-    out = tmp_path / "run"
+    out, temp = tmp_path / "run", tmp_path / "tmp"
+    temp.mkdir()
     proc = adalora("train", SMOKE, "--nproc", "2", "--run-dir", str(out), "--quiet",
-                   env={"ADALORA_FAULT": "kill:1@step=5"})
+                   env={"ADALORA_FAULT": "kill:1@step=5", "TMPDIR": str(temp)})
     assert proc.returncode == 128 + 9
+    assert list(temp.iterdir()) == []  # read for the failure, then removed
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines, proc.stderr + "|||" + proc.stdout
     said = lines[0].removeprefix("error: ")
