@@ -15,7 +15,7 @@ NOT_PINNED  := torch|$(subst $(space),|,$(foreach p,$(OFFLINE),$(firstword $(sub
 BENCH_ARGS  ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-fast test-slow test-mirror constraints smoke demo \
+.PHONY: install test test-fast test-slow test-cuda test-mirror constraints smoke demo \
 	demo-summarization demo-llm bench lint clean
 
 install: $(VENV)/.installed
@@ -29,13 +29,18 @@ $(VENV)/.installed: pyproject.toml Makefile constraints.txt
 	touch $@
 
 test: install          ## the default suite: CPU, offline, about 15 minutes on 2 cores (e2e included)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not mirror"
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not mirror and not cuda"
 
 test-fast: install     ## the inner loop: in-process tests only (no e2e, no slow)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not e2e and not mirror"
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not e2e and not mirror and not cuda"
 
 test-slow: install     ## opt-in heavier checks (real demo model)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m slow
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "slow and not cuda"
+
+# What only a GPU shows (tests/cuda; docs/gpu.md): every test skips, with
+# the reason, where no CUDA device is visible. PY=python3 runs it with an existing install.
+test-cuda: install     ## on a GPU machine: layers, allocator, fp16, resume, sweep, export
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m cuda tests/cuda
 
 # Every paper and causal-LM config by its real hub ids, through a local hub on 127.0.0.1
 # (tests/fixtures/hub): the runs go online to it, never to huggingface.co.

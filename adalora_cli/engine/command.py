@@ -16,6 +16,8 @@ from ..config import ConfigError, RunConfig, load_config, resume_config
 from ..rundir.layout import CONFIG
 
 if TYPE_CHECKING:
+    import torch
+
     from .dryrun import DryRun
 
 
@@ -96,6 +98,7 @@ def _launch_ranks(nproc: int, cfg: RunConfig, argv: list[str]) -> int:
     w = World(0, nproc, 0)
     per_rank_batch(cfg.train.batch_size, w)  # refused before any launch
     device = pick_device(cfg.train.device)
+    check_gpus(nproc, device)
     sharding.check(cfg, w, device, autocast_factory(cfg.train.precision, device)[1])
     args, skip = [], False
     for arg in argv:  # `adalora train ...` without --nproc N
@@ -106,3 +109,17 @@ def _launch_ranks(nproc: int, cfg: RunConfig, argv: list[str]) -> int:
         elif not arg.startswith("--nproc="):
             args.append(arg)
     return launch(nproc, ["train", *args])
+
+
+def check_gpus(nproc: int, device: torch.device) -> None:
+    """On CUDA each rank takes the GPU of its local rank: more ranks than visible GPUs would
+    fail in every extra rank with CUDA's "invalid device ordinal", so refuse it here."""
+    if device.type != "cuda":
+        return
+    import torch  # noqa: F811  (the CLI's start-up stays free of torch until here)
+
+    n = torch.cuda.device_count()
+    if nproc > n:
+        raise ConfigError(f"--nproc {nproc} needs one GPU per process but {n} "
+                          f"GPU{'s are' if n != 1 else ' is'} visible; use --nproc {n}, or "
+                          "train.device=cpu for CPU processes")

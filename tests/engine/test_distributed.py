@@ -265,6 +265,27 @@ def test_a_rank_side_error_is_one_line_under_nproc(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_more_processes_than_gpus_is_refused_before_any_launch(tmp_path, monkeypatch):
+    """On CUDA each rank takes the GPU of its local rank; with one GPU visible, --nproc 2
+    would crash rank 1 on CUDA's "invalid device ordinal". It is one line instead (the
+    CUDA suite checks it on a real GPU: tests/cuda)."""
+    from typer.testing import CliRunner
+
+    from adalora_cli.cli import app
+    from adalora_cli.engine import build, launch
+
+    monkeypatch.setattr(build, "pick_device", lambda name, setting="": torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(launch, "launch", lambda *a: pytest.fail("launched"))
+    result = CliRunner().invoke(app, ["train", SMOKE, "--nproc", "2", "--run-dir",
+                                      str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: --nproc 2 needs one GPU per process but 1 GPU is visible; use --nproc 1, "
+        "or train.device=cpu for CPU processes")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.e2e
 def test_a_killed_rank_is_said_by_its_partner_and_the_launcher(tmp_path):
     """Rank 1 SIGKILLed after step 5: rank 0's next collective fails; it says a rank died
