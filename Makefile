@@ -37,8 +37,9 @@ test-fast: install     ## the inner loop: in-process tests only (no e2e, no slow
 test-slow: install     ## opt-in heavier checks (real demo model)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "slow and not cuda"
 
-# What only a GPU shows (tests/cuda; docs/gpu.md): every test skips, with
-# the reason, where no CUDA device is visible. PY=python3 runs it with an existing install.
+# What only a GPU shows (tests/cuda; docs/gpu.md): every test skips, with the reason, where
+# no CUDA device is visible. Put the CUDA build of torch into .venv before `make install`
+# (README, Install), or TORCH_SPEC's CPU wheel makes every test here skip.
 test-cuda: install     ## on a GPU machine: layers, allocator, fp16, resume, sweep, export
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m cuda tests/cuda
 
