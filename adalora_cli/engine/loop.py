@@ -237,8 +237,10 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     generator = torch.Generator().manual_seed(t_cfg.seed)
     lengths = example_lengths(data.train) if t_cfg.group_by_length else None
     batches = EpochBatches(data.train, t_cfg.batch_size, generator, lengths, world=w)
+    # pinned batches on CUDA, so the step's copies to the GPU need not wait for it
     loader = DataLoader(data.train, batch_sampler=batches, generator=generator,
-                        collate_fn=LengthSplit(data.collate, t_cfg.length_split))
+                        collate_fn=LengthSplit(data.collate, t_cfg.length_split),
+                        pin_memory=device.type == "cuda")
     pos = _restore(latest, built, stepper, run, w) if latest is not None else ckpt.Position()
     # the data's sizes and fingerprint, for every checkpoint (only rank 0 writes them)
     dataset = data_record(data.train, data.eval_splits) if w.main else {}
