@@ -80,6 +80,12 @@ class Stepper:
     autocast: Callable[[], Any] = contextlib.nullcontext
     precision: str = "fp32"
     """The autocast precision that runs: fp32, bf16 or fp16 (build.resolve_precision)."""
+    closed_form_reg: bool = False
+    """Add the regularizer's gradient in closed form after the backward pass, where the
+    regularizer offers it (AdaLoRA's Eq. 4 on whole factors), instead of through autograd.
+    On CUDA: autograd adds each factor's share to its gradient with a kernel of its own
+    (hundreds per step at BART-large), the closed form with one fused add. Off on the
+    CPU, where the kernels cost nothing extra and the runs stay bit for bit as before."""
     skipped: int = 0
     """Steps the fp16 loss scaler skipped so far (checkpointed, summed over attempts)."""
     skip_run: int = 0
@@ -97,14 +103,23 @@ class Stepper:
         # one group, or the method's (LoRA+'s faster B, SoRA's gates without weight decay);
         # a group may hold no parameter (method none)
         groups = handle.optimizer_groups(train.learning_rate, train.weight_decay)
+        params = [p for g in groups for p in g["params"]]
+        # fused on CUDA: one kernel set for all parameters and no per-parameter Python, and
+        # under fp16 it skips an overflowed step on the device instead of reading the
+        # scaler's flag; the CPU keeps torch's default (its runs stay bit for bit). Plain
+        # tensors only: FSDP's sharded parameters keep the default too.
+        fused = (device.type == "cuda" and bool(params)
+                 and all(type(p) is torch.nn.Parameter for p in params)) or None
         optimizer = torch.optim.AdamW(groups, lr=train.learning_rate,
-                                      weight_decay=train.weight_decay)
+                                      weight_decay=train.weight_decay, fused=fused)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, linear_schedule(train.warmup_steps, steps))
         scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype is torch.float16)
+        cuda = device.type == "cuda"
         return cls(model, handle, optimizer, scheduler, scaler, grad_accum=train.grad_accum,
                    max_grad_norm=train.max_grad_norm, autocast=autocast,
-                   precision=resolve_precision(train.precision, device))
+                   precision=resolve_precision(train.precision, device),
+                   closed_form_reg=cuda)
 
     def backward(self, batch: dict[str, torch.Tensor], weight: float = 1.0,
                  regularize: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -118,10 +133,18 @@ class Stepper:
         handle = self.handle
         with self.autocast():
             loss = self.model(**batch).loss
-        reg = handle.regularizer() if handle.regularizer is not None and regularize else None
+        rule = handle.regularizer if regularize else None
+        closed = (rule is not None and self.closed_form_reg
+                  and getattr(rule, "closed_form", False))
+        reg = rule() if rule is not None and not closed else None
         scaled = loss * weight if weight != 1.0 else loss
         total = scaled + handle.reg_weight * reg if reg is not None else scaled
         self.scaler.scale(total / self.grad_accum).backward()
+        if closed:  # the gradient the loss above would carry, added after the backward
+            w = handle.reg_weight / self.grad_accum
+            if self.scaler.is_enabled():  # as scaled as the loss's (a device value: no read)
+                w = self.scaler.scale(torch.full((), w, device=loss.device))
+            reg = rule.add_gradients(w)
         return loss.detach(), reg
 
     def backward_pieces(self, pieces: list[tuple[dict[str, torch.Tensor], float]],
@@ -136,8 +159,9 @@ class Stepper:
         for bit the one the loop computed on the host before it stopped syncing."""
         loss, reg = None, None
         for j, (batch, share) in enumerate(pieces):
-            if device is not None:
-                batch = {k: v.to(device) for k, v in batch.items()}
+            if device is not None:  # from pinned memory on CUDA (the loop's DataLoader
+                # pins): the copy is queued, not waited for (docs/training.md#host-syncs)
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             piece_loss, piece_reg = self.backward(batch, weight * share, regularize=j == 0)
             if loss is None:
                 loss = torch.zeros((), dtype=torch.float64, device=piece_loss.device)

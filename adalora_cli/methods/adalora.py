@@ -65,27 +65,76 @@ class SVDLinear(LinearWrapper):
         return f"r0={self.r0}, scaling={self.scaling:g}"
 
 
+def _tall_groups(factors: list[torch.Tensor]) -> dict[tuple[int, int], list[int]]:
+    """The factors' indices grouped by the shape of their tall ``(d, r)`` form, in order.
+
+    ``factors`` alternates left ``(d_out, r)`` and right ``(r, d_in)``; ``R R^T`` is the Gram
+    matrix of ``R^T``'s columns, so every factor is handled as a tall matrix ``M`` (a left
+    one as it is, a right one transposed) with Gram ``M^T M``."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, f in enumerate(factors):
+        groups.setdefault(tuple(f.shape if i % 2 == 0 else f.T.shape), []).append(i)
+    return groups
+
+
+def _tall(factors: list[torch.Tensor], i: int) -> torch.Tensor:
+    return factors[i] if i % 2 == 0 else factors[i].T
+
+
+def _gram_residuals(factors: list[torch.Tensor]
+                    ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """Per shape group: the factors' indices, their tall forms stacked ``(g, d, r)``, and
+    ``E = M^T M - I`` for each ``(g, r, r)``, from one batched matmul."""
+    for (_, r), members in _tall_groups(factors).items():
+        stack = torch.stack([_tall(factors, i) for i in members])  # (g, d, r)
+        gram = stack.transpose(1, 2) @ stack  # (g, r, r)
+        yield members, stack, gram - torch.eye(r, device=stack.device, dtype=stack.dtype)
+
+
 def _gram_distances(layers: Iterable[nn.Module], placement: Placement = WHOLE) -> torch.Tensor:
     """``||L^T L - I||_F`` and ``||R R^T - I||_F`` of every layer, as one ``(2n,)`` tensor.
 
-    ``R R^T`` is the Gram matrix of ``R^T``'s columns, so every factor is handled as a tall
-    ``(d, r)`` matrix ``M`` with Gram ``M^T M``. Factors of equal shape are stacked and
-    multiplied in one batched matmul: a few kernels per step instead of four per matrix,
-    which is what keeps AdaLoRA's step as cheap as LoRA's. The order of the entries is by
-    shape group; the regularizer only sums or averages them.
+    Factors of equal shape are stacked and multiplied in one batched matmul: a few kernels
+    per step instead of four per matrix, which is what keeps AdaLoRA's step as cheap as
+    LoRA's. The order of the entries is by shape group; the regularizer only sums or
+    averages them.
     """
     factors = placement.whole([f for layer in layers for f in layer.factors()])
-    groups: dict[tuple[int, int], list[torch.Tensor]] = {}
-    for left, right in zip(factors[::2], factors[1::2]):  # (d_out, r), (r, d_in)
-        for tall in (left, right.T):  # (d, r) each
-            groups.setdefault(tuple(tall.shape), []).append(tall)
+    return torch.cat([torch.linalg.matrix_norm(e) for _, _, e in _gram_residuals(factors)])
+
+
+@torch.no_grad()
+def orthogonal_regularizer_grads(layers: Iterable[nn.Module], form: RegForm = "code",
+                                 weight: float | torch.Tensor = 1.0
+                                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Eq. 4 and the gradient of ``weight`` times it by every factor, in closed form.
+
+    Returns ``(R, factors, grads)``: ``R`` bit for bit :func:`orthogonal_regularizer`'s value
+    (the same stacked products, in the same order), and ``grads[k]`` shaped like
+    ``factors[k]``. With ``E = M^T M - I`` (symmetric) and ``f = ||E||_F``, ``df/dM = 2 M E
+    / f``, so the ``code`` form's ``mean(f)`` over the ``N`` factors has gradient ``2 M E /
+    (N f)`` and the ``paper`` form's ``sum(f^2)`` has ``4 M E``
+    (docs/maths.md#orthogonal-regularizer-gradient). The engine adds these to the factors'
+    gradients in one fused add on CUDA, where autograd would accumulate each factor's share
+    with a kernel of its own.
+    ``weight`` may be a 0-d tensor (gamma times a loss scale), so no value is read."""
+    if form not in ("code", "paper"):
+        raise ValueError(f"unknown orthogonal regularizer form {form!r}; use 'code' or 'paper'")
+    factors = [f for layer in layers for f in layer.factors()]
+    grads: list[torch.Tensor | None] = [None] * len(factors)
     norms = []
-    for (_, r), mats in groups.items():
-        stack = torch.stack(mats)  # (g, d, r)
-        gram = stack.transpose(1, 2) @ stack  # (g, r, r)
-        eye = torch.eye(r, device=stack.device, dtype=stack.dtype)
-        norms.append(torch.linalg.matrix_norm(gram - eye))  # (g,)
-    return torch.cat(norms)
+    for members, stack, e in _gram_residuals(factors):
+        f = torch.linalg.matrix_norm(e)  # (g,)
+        norms.append(f)
+        # E = 0 gives a zero gradient whatever the divisor; the clamp only avoids 0 / 0
+        coef = ((2.0 / len(factors)) / f.clamp_min(1e-30) if form == "code"
+                else torch.full_like(f, 4.0))  # (g,)
+        g = (stack @ e) * (coef * weight).view(-1, 1, 1)  # (g, d, r)
+        for i, gi in zip(members, g.unbind(0)):
+            grads[i] = gi if i % 2 == 0 else gi.T
+    norms_all = torch.cat(norms)
+    value = norms_all.mean() if form == "code" else norms_all.pow(2).sum()
+    return value, factors, grads  # type: ignore[return-value]
 
 
 def orthogonal_regularizer(layers: Iterable[nn.Module], form: RegForm = "code",
@@ -117,3 +166,19 @@ class OrthogonalRegularizer:
 
     def __call__(self) -> torch.Tensor:
         return orthogonal_regularizer(self.layers, self.form, self.placement)
+
+    @property
+    def closed_form(self) -> bool:
+        """Whether :meth:`add_gradients` applies: the factors are whole on this process."""
+        return self.placement is WHOLE
+
+    def add_gradients(self, weight: float | torch.Tensor) -> torch.Tensor:
+        """Add ``weight`` times Eq. 4's gradient to the factors' ``.grad`` (after the
+        backward pass, in one fused add) and return the unweighted value, detached: the
+        same update autograd makes from ``weight * self()`` in the loss, to rounding."""
+        value, factors, grads = orthogonal_regularizer_grads(self.layers, self.form, weight)
+        for f in factors:  # a factor the forward pass did not use has no gradient yet
+            if f.grad is None:
+                f.grad = torch.zeros_like(f)
+        torch._foreach_add_([f.grad for f in factors], grads)
+        return value

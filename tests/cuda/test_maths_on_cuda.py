@@ -206,3 +206,54 @@ def test_fp16_an_overflowing_step_is_skipped_and_leaves_the_averages_alone():
     loss, _ = stepper.backward(_batch(4))  # the next step is scored again
     assert not stepper.update(4, loss).skipped
     assert not torch.equal(alloc.I_bar, before["I_bar"])
+
+
+# ------------------------------------------------------------------ the step as built on CUDA
+
+
+def _adalora_steps(device: torch.device, steps: int = 8):
+    """The smoke shape of AdaLoRA (tiny BERT, b0 48 -> b(T) 16, gamma 0.5) built on the CPU
+    as the loop builds it, moved to ``device``, stepped ``steps`` times in fp32 through
+    :meth:`Stepper.build`'s step: per-step losses and regularizers, and the final weights."""
+    cfg = run_config("adalora", adalora={"budget": 16, "init_rank": 4, "alpha": 8.0,
+                                         "gamma": 0.5, "t_init": 2, "delta_t": 2,
+                                         "t_final": 2},
+                     train={"precision": "fp32", "device": str(device),
+                            "learning_rate": 5e-3, "warmup_steps": 0})
+    model = tiny_bert()
+    handle = apply_method(model, cfg, steps)  # on the CPU: the same draws on both sides
+    model.to(device)
+    stepper = Stepper.build(model, handle, cfg.train, steps, device)
+    losses, regs, first = [], [], None
+    for t in range(1, steps + 1):
+        loss, reg = stepper.backward({k: v.to(device) for k, v in tiny_batch(t).items()})
+        if first is None:
+            first = [p.grad.detach().cpu().clone() for p in handle.trainable]
+        stepper.update(t, loss)
+        losses.append(float(loss))
+        regs.append(float(reg.detach()))
+    return stepper, losses, regs, first, [p.detach().cpu() for p in handle.trainable]
+
+
+def test_the_gpu_step_with_fused_adamw_and_the_closed_form_regularizer_equals_the_cpu():
+    """On CUDA the step uses fused AdamW and adds Eq. 4's gradient in closed form (fewer
+    kernel launches); on the CPU, torch's default AdamW and autograd. Same run to rounding:
+    the first step's gradients (the regularizer's share in them), then the losses,
+    regularizer values and rank pattern of every step, and the trained weights. (Adam moves
+    an entry by about the learning rate whatever its gradient's size, so an entry whose
+    gradient is rounding noise may end up a fraction of it apart: the weights get a looser
+    bound than the gradients.)"""
+    cpu = torch.device("cpu")
+    s_c, loss_c, reg_c, g_c, w_c = _adalora_steps(cpu)
+    s_g, loss_g, reg_g, g_g, w_g = _adalora_steps(GPU)
+    assert not s_c.closed_form_reg and s_c.optimizer.defaults["fused"] is None
+    assert s_g.closed_form_reg is (not REHEARSAL)
+    assert s_g.optimizer.defaults["fused"] is (None if REHEARSAL else True)
+    assert loss_g == pytest.approx(loss_c, rel=1e-5)
+    assert reg_g == pytest.approx(reg_c, rel=1e-5)
+    assert reg_c[0] > 0.1  # the regularizer is really in play
+    for got, want in zip(g_g, g_c):
+        assert_close(got, want, "first step's gradient")
+    assert s_g.handle.allocator.rank_pattern() == s_c.handle.allocator.rank_pattern()
+    for got, want in zip(w_g, w_c):
+        assert float((got - want).abs().max()) < 1e-3  # learning rate 5e-3, 8 steps

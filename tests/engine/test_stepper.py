@@ -77,12 +77,32 @@ def lr_at(step: int) -> float:
     return LR / (step + 1)  # the scheduler below: LambdaLR with f(s) = 1 / (s + 1)
 
 
-def make_stepper(grad_accum=1, max_grad_norm=0.0, scaler=None):
+class SquaredNorm:
+    """``sum(W^2)`` offering its gradient in closed form, as AdaLoRA's Eq. 4 does on CUDA
+    (the engine then adds it after the backward pass instead of through autograd)."""
+
+    closed_form = True
+
+    def __init__(self, w: nn.Parameter):
+        self.w, self.added = w, 0
+
+    def __call__(self) -> torch.Tensor:
+        raise AssertionError("the closed form was asked for: no autograd regularizer")
+
+    def add_gradients(self, weight) -> torch.Tensor:
+        self.added += 1
+        with torch.no_grad():
+            self.w.grad.add_(2 * self.w * weight)
+            return (self.w ** 2).sum()
+
+
+def make_stepper(grad_accum=1, max_grad_norm=0.0, scaler=None, closed_form=False):
     model = Squared()
     seen: list[tuple[int, bool]] = []
     handle = MethodHandle(
         name="tiny", adapter=[model.lin.weight], head=[model.lin.bias], reg_weight=GAMMA,
-        regularizer=lambda: (model.lin.weight ** 2).sum(),
+        regularizer=(SquaredNorm(model.lin.weight) if closed_form
+                     else lambda: (model.lin.weight ** 2).sum()),
         # after_step sees the step number, and the gradients before they are cleared (or
         # that the loss scaler skipped the step, tests/engine/test_skipped_steps.py)
         after_step=lambda t, scored=True, **_: seen.append(
@@ -92,7 +112,7 @@ def make_stepper(grad_accum=1, max_grad_norm=0.0, scaler=None):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))
     scaler = scaler or torch.amp.GradScaler("cpu", enabled=False)
     stepper = Stepper(model, handle, opt, sched, scaler, grad_accum=grad_accum,
-                      max_grad_norm=max_grad_norm)
+                      max_grad_norm=max_grad_norm, closed_form_reg=closed_form)
     return stepper, model, seen
 
 
@@ -121,8 +141,9 @@ def run(stepper, micro_batches_per_step):
     return out, loss, reg
 
 
-def test_two_adamw_steps_match_the_formula():
-    stepper, model, seen = make_stepper()
+@pytest.mark.parametrize("closed_form", [False, True], ids=["autograd", "closed-form"])
+def test_two_adamw_steps_match_the_formula(closed_form):
+    stepper, model, seen = make_stepper(closed_form=closed_form)
     steps = [[BATCHES[0]], [BATCHES[1]]]
     (first, second), loss, reg = run(stepper, steps)
     w, b = expected_weights(steps)
@@ -141,10 +162,13 @@ def test_two_adamw_steps_match_the_formula():
     assert float(reg.detach()) == pytest.approx(float((w1 ** 2).sum()), abs=1e-6)
 
 
-def test_gradient_accumulation_averages_the_micro_batches():
-    stepper, model, seen = make_stepper(grad_accum=2)
+@pytest.mark.parametrize("closed_form", [False, True], ids=["autograd", "closed-form"])
+def test_gradient_accumulation_averages_the_micro_batches(closed_form):
+    stepper, model, seen = make_stepper(grad_accum=2, closed_form=closed_form)
     steps = [[BATCHES[0], BATCHES[1]], [BATCHES[1], BATCHES[0]]]
     run(stepper, steps)
+    if closed_form:  # once per micro-batch, weighted like its loss by 1 / grad_accum
+        assert stepper.handle.regularizer.added == 4
     w, b = expected_weights(steps, grad_accum=2)
     assert torch.allclose(model.lin.weight.detach(), w, atol=1e-6, rtol=0)
     assert torch.allclose(model.lin.bias.detach(), b, atol=1e-6, rtol=0)
@@ -164,9 +188,12 @@ def test_clipping_scales_the_gradient_to_max_grad_norm():
     assert not torch.allclose(w, unclipped, atol=1e-4)  # the case really tells them apart
 
 
-def test_a_loss_scaler_is_unscaled_before_clipping_and_the_step():
+@pytest.mark.parametrize("closed_form", [False, True], ids=["autograd", "closed-form"])
+def test_a_loss_scaler_is_unscaled_before_clipping_and_the_step(closed_form):
+    # the closed-form gradient is scaled like the loss's, so unscaling treats both alike
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    stepper, model, _ = make_stepper(max_grad_norm=0.01, scaler=scaler)
+    stepper, model, _ = make_stepper(max_grad_norm=0.01, scaler=scaler,
+                                     closed_form=closed_form)
     steps = [[BATCHES[0]], [BATCHES[1]]]
     run(stepper, steps)
     w, b = expected_weights(steps, max_grad_norm=0.01)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 from torch import nn
 
-from adalora_cli.methods.adalora import SVDLinear, orthogonal_regularizer
+from adalora_cli.methods.adalora import (
+    OrthogonalRegularizer,
+    SVDLinear,
+    orthogonal_regularizer,
+    orthogonal_regularizer_grads,
+)
 from adalora_cli.methods.adapters import HoulsbyAdapter
 from adalora_cli.methods.lora import LoRALinear
 
@@ -113,3 +119,57 @@ def test_orthogonal_regularizer_both_forms(make) -> None:
     assert layers[0].factors()[1].grad is not None
     with pytest.raises(ValueError, match="squared"):
         orthogonal_regularizer(layers, "squared")
+
+
+@pytest.mark.parametrize("make", [_svd_with, _lora_with], ids=["svd", "lora"])
+def test_the_regularizers_closed_form_gradient_by_hand(make) -> None:
+    """d||M^T M - I||_F / dM = 2 M E / ||E||_F, E = M^T M - I, worked out for the factors
+    above (a right factor's tall form is its transpose; N = 4 factors):
+    P1: E = 0, gradient 0 (no 0 / 0). Q1^T = [[2, 0], [0, 1], [0, 0]], E = diag(3, 0),
+    M E = [[6, 0], [0, 0], [0, 0]]. P2: E = [[0, 1], [1, 0]], M E = [[1, 1], [0, 0], [0, 0]],
+    norm sqrt 2. Q2 = 0: gradient 0."""
+    layers = [make(_P1, _Q1), make(_P2, _Q2)]
+    zero_p, zero_q = torch.zeros(3, 2), torch.zeros(2, 3)
+    q1 = torch.tensor([[6.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # (M E)^T for Q1
+    p2 = torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+    # code: mean of f over 4 factors -> 2 M E / (4 f); Q1: f = 3, P2: f = sqrt 2
+    value, factors, grads = orthogonal_regularizer_grads(layers, "code")
+    assert float(value) == float(orthogonal_regularizer(layers, "code").detach())  # bit for bit
+    for got, want in zip(grads, [zero_p, q1 / 6, p2 / (2 * math.sqrt(2)), zero_q]):
+        torch.testing.assert_close(got, want)
+    # paper: sum of f^2 -> 4 M E, here with a weight of 0.5
+    value, _, grads = orthogonal_regularizer_grads(layers, "paper", weight=0.5)
+    assert float(value) == 13.0
+    for got, want in zip(grads, [zero_p, 2 * q1, 2 * p2, zero_q]):
+        torch.testing.assert_close(got, want)
+    assert [g.shape for g in grads] == [f.shape for f in factors]
+
+
+@pytest.mark.parametrize("form", ["code", "paper"])
+def test_adding_the_closed_form_gradient_equals_autograd(form) -> None:
+    """On random factors of three shapes (two layers share one), with a tensor weight: the
+    gradients :meth:`OrthogonalRegularizer.add_gradients` adds equal autograd's of
+    ``weight * R`` to fp32 rounding, added to a gradient already there, and given to a
+    factor that had none."""
+    torch.manual_seed(0)
+    layers = [SVDLinear(nn.Linear(16, 8), 4, 8.0), SVDLinear(nn.Linear(16, 8), 4, 8.0),
+              SVDLinear(nn.Linear(24, 40), 4, 8.0)]
+    with torch.no_grad():
+        for layer in layers:
+            layer.P.normal_(0.0, 0.4)
+            layer.Q.normal_(0.0, 0.4)
+    twins = [copy.deepcopy(layer) for layer in layers]
+    x = torch.randn(5, 16)
+    weight = torch.tensor(0.3)
+    # autograd: the task loss through the first layer only, plus weight * R
+    loss = layers[0](x).square().sum()
+    (loss + weight * orthogonal_regularizer(layers, form)).backward()
+    twins[0](x).square().sum().backward()  # the task's gradient first, as the engine does
+    assert twins[2].P.grad is None
+    value = OrthogonalRegularizer(twins, form).add_gradients(weight)
+    assert float(value) == float(orthogonal_regularizer(layers, form).detach())
+    for layer, twin in zip(layers, twins):
+        for name in ("P", "Q"):
+            want, got = getattr(layer, name).grad, getattr(twin, name).grad
+            assert float(want.abs().max()) > 1e-3  # every factor really has a gradient
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
