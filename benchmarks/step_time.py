@@ -66,9 +66,11 @@ def demo_setup(rank: int) -> Setup:
 
 def make_stepper(method: str, rank: int, total: int, batch: dict | list,
                  ddp: bool = False, setup: Setup | None = None,
-                 device: torch.device = CPU, precision: str = "fp32"):
+                 device: torch.device = CPU, precision: str = "fp32", tweak=None):
     """``batch``: one collated batch, or a list of (piece, share) as LengthSplit returns;
-    on the CPU, moved to ``device`` at each step as the loop moves its batches."""
+    on the CPU, moved to ``device`` at each step as the loop moves its batches (from pinned
+    memory on CUDA, as the loop's DataLoader pins them). ``tweak(model, handle)``, if
+    given, may change the method before the step is built (step_profile.py's variants)."""
     setup = setup or demo_setup(rank)
     cfg = resolve_resources(load_config(setup.config, [
         *setup.overrides,
@@ -80,6 +82,8 @@ def make_stepper(method: str, rank: int, total: int, batch: dict | list,
     torch.manual_seed(0)
     model, _ = load_model(get_task(cfg), cfg)
     handle = apply_method(model, cfg, total)
+    if tweak is not None:
+        tweak(model, handle)
     model.to(device)  # after the method, as the loop does
     model.train()
     if ddp:  # benchmarks/ddp_step.py: the loop's distributed path
@@ -90,6 +94,8 @@ def make_stepper(method: str, rank: int, total: int, batch: dict | list,
     state = {"t": 0}
     pieces = batch if isinstance(batch, list) else [(batch, 1.0)]
     move = None if device.type == "cpu" else device
+    if move is not None:
+        pieces = [({k: v.pin_memory() for k, v in b.items()}, share) for b, share in pieces]
 
     def step() -> None:
         stepper.backward_pieces(pieces, device=move)  # the loop's own call
@@ -127,6 +133,8 @@ def make_peft_stepper(rank: int, total: int, batch: dict, setup: Setup | None = 
     state = {"t": 0}
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
            else contextlib.nullcontext())
+    if device.type == "cuda":  # pinned, as HF Trainer's DataLoader pins its batches
+        batch = {k: v.pin_memory() for k, v in batch.items()}
 
     def step() -> None:
         # moved at each step, as our stepper's batches are (a no-op on the CPU)
@@ -177,6 +185,20 @@ def synthetic_batch(shape: str, tiny: bool, size: int | None, vocab: int) -> tup
             f"{b} x {n} source, {m} target")
 
 
+def paper_shape(shape: str, rank: int | None, tiny: bool, size: int | None,
+                models: Path | None) -> tuple[Setup, int, dict, str]:
+    """``--shape``'s setup and rank (shape_setup, in ``models`` or a temp dir) and its
+    synthetic batch with the batch's description."""
+    import transformers
+
+    folder = models or Path(tempfile.mkdtemp(prefix="step-time-"))
+    setup, rank = shape_setup(shape, rank, tiny, folder)
+    vocab = transformers.AutoConfig.from_pretrained(
+        setup.overrides[0].split("=", 1)[1]).vocab_size
+    batch, described = synthetic_batch(shape, tiny, size, vocab)
+    return setup, rank, batch, described
+
+
 def host_syncs(step, steps: int = 3) -> float:
     """Host syncs per step of a CUDA stepper, counted by the sync debug mode's warnings over
     ``steps`` steps with no mask event (delta_t 10: masks at t % 10 == 0)."""
@@ -193,8 +215,10 @@ def host_syncs(step, steps: int = 3) -> float:
             torch.cuda.synchronize()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    # the final synchronize() above is ours and is not reported (explicit syncs aren't)
-    return sum("synchroniz" in str(w.message) for w in caught) / steps
+    # the final synchronize() above is ours and is not reported (explicit syncs aren't);
+    # nor is one the first switch to "warn" reports from inside set_sync_debug_mode
+    return sum("synchroniz" in str(w.message) and not w.filename.endswith(
+        str(Path("torch", "cuda", "__init__.py"))) for w in caught) / steps
 
 
 def real_items(size: int) -> tuple[list[dict], object]:
@@ -257,11 +281,8 @@ def main() -> None:
         batch = collate(items)
         what = (f"demo model (MiniLM-L6, 36 matrices), rank {rank}, batch {args.batch or 32}")
     else:
-        folder = args.models or Path(tempfile.mkdtemp(prefix="step-time-"))
-        setup, rank = shape_setup(args.shape, args.rank, args.tiny, folder)
-        vocab = transformers.AutoConfig.from_pretrained(
-            setup.overrides[0].split("=", 1)[1]).vocab_size
-        batch, shape = synthetic_batch(args.shape, args.tiny, args.batch, vocab)
+        setup, rank, batch, shape = paper_shape(args.shape, args.rank, args.tiny, args.batch,
+                                                args.models)
         what = (f"{args.shape}{' (tiny)' * args.tiny}, random weights, r0 {rank} "
                 f"(b(T) {setup.budget}), LoRA r {rank}, batch {shape}")
     # + 10 on CUDA: the steps host_syncs takes before the timed rounds
