@@ -177,8 +177,10 @@ class OrthogonalRegularizer:
         backward pass, in one fused add) and return the unweighted value, detached: the
         same update autograd makes from ``weight * self()`` in the loss, to rounding."""
         value, factors, grads = orthogonal_regularizer_grads(self.layers, self.form, weight)
-        for f in factors:  # a factor the forward pass did not use has no gradient yet
+        # a frozen factor gets no gradient, as under autograd
+        pairs = [(f, g) for f, g in zip(factors, grads) if f.requires_grad]
+        for f, _ in pairs:  # a factor the forward pass did not use has no gradient yet
             if f.grad is None:
                 f.grad = torch.zeros_like(f)
-        torch._foreach_add_([f.grad for f in factors], grads)
+        torch._foreach_add_([f.grad for f, _ in pairs], [g for _, g in pairs])
         return value

@@ -150,7 +150,7 @@ def test_adding_the_closed_form_gradient_equals_autograd(form) -> None:
     """On random factors of three shapes (two layers share one), with a tensor weight: the
     gradients :meth:`OrthogonalRegularizer.add_gradients` adds equal autograd's of
     ``weight * R`` to fp32 rounding, added to a gradient already there, and given to a
-    factor that had none."""
+    factor that had none; a frozen factor gets none, as under autograd."""
     torch.manual_seed(0)
     layers = [SVDLinear(nn.Linear(16, 8), 4, 8.0), SVDLinear(nn.Linear(16, 8), 4, 8.0),
               SVDLinear(nn.Linear(24, 40), 4, 8.0)]
@@ -158,6 +158,7 @@ def test_adding_the_closed_form_gradient_equals_autograd(form) -> None:
         for layer in layers:
             layer.P.normal_(0.0, 0.4)
             layer.Q.normal_(0.0, 0.4)
+    layers[1].Q.requires_grad_(False)
     twins = [copy.deepcopy(layer) for layer in layers]
     x = torch.randn(5, 16)
     weight = torch.tensor(0.3)
@@ -168,8 +169,11 @@ def test_adding_the_closed_form_gradient_equals_autograd(form) -> None:
     assert twins[2].P.grad is None
     value = OrthogonalRegularizer(twins, form).add_gradients(weight)
     assert float(value) == float(orthogonal_regularizer(layers, form).detach())
+    assert layers[1].Q.grad is None and twins[1].Q.grad is None
     for layer, twin in zip(layers, twins):
         for name in ("P", "Q"):
+            if not getattr(layer, name).requires_grad:
+                continue
             want, got = getattr(layer, name).grad, getattr(twin, name).grad
             assert float(want.abs().max()) > 1e-3  # every factor really has a gradient
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
