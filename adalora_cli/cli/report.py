@@ -28,11 +28,14 @@ def report(
     against: str | None = typer.Option(
         None, "--against", help="Compare every method with this one at the same budget "
                                 "level (Welch t-test); default lora, e.g. adalora"),
+    per_seed: bool = typer.Option(False, "--per-seed",
+                                  help="Show every seed's value beside the means"),
 ) -> None:
     """Tables (paper Tables 1-3, 9) and figures (3-5) from finished run directories."""
     from ..report.command import run_report
 
     with boundary(interrupted="interrupted", os_errors=True):
         run_report(list(paths), fmt, out_dir, paper=paper, figures=figures,
-                   eval_name=eval_name, min_seeds=min_seeds, against=against, out=out(),
+                   eval_name=eval_name, min_seeds=min_seeds, against=against,
+                   per_seed=per_seed, out=out(),
                    err=err())

@@ -18,7 +18,8 @@ from ..errors import warning, write_failed
 
 def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool,
                figures: bool, eval_name: str | None, out: Console, err: Console,
-               min_seeds: int = 1, against: str | None = None) -> None:
+               min_seeds: int = 1, against: str | None = None,
+               per_seed: bool = False) -> None:
     """``fmt``: one of render.FORMATS, several joined by commas, or ``all``. Skipped runs
     and left-out runs are warnings on ``err``; no finished run at all is a ConfigError.
     ``against``: the method the others are tested against (None: LoRA, silently absent);
@@ -43,7 +44,8 @@ def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool
         raise ConfigError(f"unknown --against {against!r}; choose a method name: "
                           f"{', '.join(METHODS)}")
     result = build_report(list(paths), show_paper=paper, eval_name=eval_name,
-                          min_seeds=min_seeds, against=against or "lora")
+                          min_seeds=min_seeds, against=against or "lora",
+                          per_seed=per_seed)
     for path, reason in result.skipped:
         _warn(err, f"skipped {path}: {reason}")
     for note in result.notes:

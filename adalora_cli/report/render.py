@@ -139,6 +139,37 @@ def _comparison_grid(report: Report, table: Table) -> tuple[list[str], list[list
     return headers, list(rows.values())
 
 
+def _seed_order(row: Row) -> list[int | None]:
+    """The seeds of a row's runs, in order (None, a run without one, last)."""
+    return sorted({r.seed for r in row.runs}, key=lambda s: (s is None, s or 0))
+
+
+def _per_seed(row: Row, key: str, seeds: list[int | None]) -> str:
+    """The row's value of column ``key`` from each of ``seeds``, in that order ('-' for a
+    seed with no run that has the column: a row may span several tasks)."""
+    by_seed = {r.seed: r.values[key] for r in row.runs if r.values.get(key) is not None}
+    return " / ".join(f"{by_seed[s]:.2f}" if s in by_seed else "-" for s in seeds)
+
+
+def _seed_grid(table: Table) -> tuple[list[str], list[list[str]]]:
+    """Every seed's value beside the means (``--per-seed``): one line per row of the table,
+    its seeds in a column, each task column's values in that seed order."""
+    headers = ["Method", "b(T)", *map(short_key, table.differs), "seeds"]
+    headers += [column_header(c) for c in table.columns]
+    lines = []
+    for row in table.rows:
+        seeds = _seed_order(row)
+        lines.append([row.label, _level(row.budget_level),
+                      *[row.shown(k) for k in table.differs],
+                      " / ".join("?" if s is None else str(s) for s in seeds),
+                      *[_per_seed(row, c.key, seeds) for c in table.columns]])
+    return headers, lines
+
+
+PER_SEED = ("Per seed: each setting's value from every seed, in the order of its seeds "
+            "column ('-' where that seed has no run of the column's task).")
+
+
 def _differs(report: Report) -> list[str]:
     return list(dict.fromkeys(k for t in report.tables for k in t.differs))
 
@@ -194,6 +225,8 @@ def render_markdown(report: Report) -> str:
             out += ["", f"Against {report.against_name} at the same budget level: "
                     "difference of means (two-sided Welch t-test p-value across seeds).", ""]
             out += _md_table(headers, rows)
+        if report.per_seed:
+            out += ["", PER_SEED, ""] + _md_table(*_seed_grid(table))
         out.append("")
     headers, rows = _cost_grid(report)
     out += ["## Training cost (paper Table 9)", ""] + _md_table(headers, rows) + [""]
@@ -235,6 +268,10 @@ def render_latex(report: Report) -> str:
                          for c in cells])
         out += _latex_tabular(headers, body, rules,
                               f"{table.title}: mean ± std over seeds (number of seeds).")
+        if report.per_seed:
+            headers, rows = _seed_grid(table)
+            out += _latex_tabular(headers, [[_latex_escape(x) for x in r] for r in rows],
+                                  set(), f"{table.title}, per seed. {PER_SEED}")
     headers, rows = _cost_grid(report)
     out += _latex_tabular(headers, [[_latex_escape(x) for x in r] for r in rows], set(),
                           "Training cost: peak memory and time per epoch.")
@@ -250,7 +287,8 @@ def render_csv(report: Report) -> str:
     differs = _differs(report)  # config columns that tell rows apart, when any do
     w.writerow(["table", "method", "label", "budget_level", "size", *map(short_key, differs),
                 "params", "column", "mean", "std", "n", "best", "paper", "diff_vs_paper",
-                f"diff_vs_{report.against}", f"p_vs_{report.against}"])
+                f"diff_vs_{report.against}", f"p_vs_{report.against}"]
+               + (["seeds", "values"] if report.per_seed else []))
     comps = {(id(c.row), c.column): c for c in report.comparisons}
     for table in report.tables:
         keys = [c.key for c in table.columns] + ([ALL_AVE] if table.has_all_ave else [])
@@ -270,8 +308,18 @@ def render_csv(report: Report) -> str:
                             "" if paper is None else paper,
                             "" if paper is None else f"{mean - paper:.4f}",
                             f"{comp.diff:.4f}" if comp else "",
-                            "" if comp is None or comp.p is None else f"{comp.p:.6g}"])
+                            "" if comp is None or comp.p is None else f"{comp.p:.6g}"]
+                           + (_csv_seeds(row, key) if report.per_seed else []))
     return buf.getvalue()
+
+
+def _csv_seeds(row: Row, key: str) -> list[str]:
+    """``seeds`` and ``values`` of a CSV line (``--per-seed``), ';'-separated, in one order:
+    the runs that have the column, by seed."""
+    runs = sorted((r for r in row.runs if r.values.get(key) is not None),
+                  key=lambda r: (r.seed is None, r.seed or 0))
+    return [";".join("" if r.seed is None else str(r.seed) for r in runs),
+            ";".join(f"{r.values[key]:.4f}" for r in runs)]
 
 
 def render_cost_csv(report: Report) -> str:
@@ -297,6 +345,8 @@ def render_rich(report: Report, console: Console) -> None:
         if rows:
             console.print(_plain_table(f"vs {report.against_name} at the same budget level "
                                        "(Welch t-test)", headers, rows))
+        if report.per_seed:
+            console.print(_plain_table(f"{table.title}, per seed", *_seed_grid(table)))
     console.print(_plain_table("Training cost (paper Table 9)", *_cost_grid(report)))
 
 

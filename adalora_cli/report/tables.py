@@ -391,6 +391,8 @@ class Report:
     show_paper: bool = False
     against: str = "lora"
     """The method every other one is compared with (``--against``)."""
+    per_seed: bool = False
+    """Show every seed's value beside the means (``--per-seed``)."""
 
     @property
     def against_name(self) -> str:
@@ -421,7 +423,7 @@ def keep_min_seeds(runs: list[Run], minimum: int) -> tuple[list[Run], list[str]]
 
 def build_report(paths: list[Path], show_paper: bool = False,
                  eval_name: str | None = None, min_seeds: int = 1,
-                 against: str = "lora") -> Report:
+                 against: str = "lora", per_seed: bool = False) -> Report:
     runs, skipped = load_runs(paths, eval_name)
     inside = [f"{outer} is a run directory holding {n} other run{'s' * (n != 1)} in its "
               "folder; they are reported as runs of their own (keep a sweep's runs out of "
@@ -431,4 +433,4 @@ def build_report(paths: list[Path], show_paper: bool = False,
     runs, left_out = keep_min_seeds(runs, min_seeds)
     tables = build_tables(runs)
     return Report(tables, compare_against(tables, against), training_cost(runs), runs,
-                  skipped, inside + duplicates + left_out, show_paper, against)
+                  skipped, inside + duplicates + left_out, show_paper, against, per_seed)

@@ -308,6 +308,31 @@ def test_every_format_renders(runs):
     assert "86.00 ± 1.00 (3)" in text and "Training cost" in text
 
 
+def test_per_seed_shows_every_seeds_value_in_every_format(runs):
+    """``--per-seed``: each row's seeds and, per column, the fixture's values in that seed
+    order (LoRA's SST-2 has seeds 0 and 1 only, so its RTE seed 2 has no SST-2 value)."""
+    plain = build_report([runs])
+    assert "Per seed" not in render_markdown(plain)
+    assert "seeds" not in next(csv.reader(io.StringIO(render_csv(plain))))
+    report = build_report([runs], per_seed=True)
+    md = render_markdown(report)
+    assert "| LoRA r=2 | 144 | 0 / 1 / 2 | 90.00 / 94.00 / - | 80.00 / 82.00 / 84.00 |" in md
+    assert "| AdaLoRA | 144 | 0 / 1 / 2 | - / - / - | 85.00 / 87.00 / 86.00 |" in md
+    assert "| BitFit |  | 0 | - | 75.00 |" in md
+    lines = list(csv.DictReader(io.StringIO(render_csv(report))))
+    rte = {r["method"]: r for r in lines if r["column"] == "rte:Acc"}
+    assert (rte["adalora"]["seeds"], rte["adalora"]["values"]) == ("0;1;2",
+                                                                   "85.0000;87.0000;86.0000")
+    sst2 = {r["method"]: r for r in lines if r["column"] == "sst2:Acc"}
+    assert (sst2["lora"]["seeds"], sst2["lora"]["values"]) == ("0;1", "90.0000;94.0000")
+    assert "85.00 / 87.00 / 86.00" in render_latex(report)
+    console = Console(record=True, width=200)
+    render_rich(report, console)
+    assert "85.00 / 87.00 / 86.00" in console.export_text()
+    result = runner.invoke(app, ["report", str(runs), "--format", "markdown", "--per-seed"])
+    assert result.exit_code == 0 and "80.00 / 82.00 / 84.00" in result.output
+
+
 def test_training_cost(tmp_path):
     make_run(tmp_path, "a", "mnli", "lora", 0, {"validation_matched": {"accuracy": 0.9}}, 72,
              seconds=10.0, epochs=2.0, memory=2**30)
