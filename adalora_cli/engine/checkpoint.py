@@ -100,11 +100,26 @@ def state_of(stepper: Stepper, generator: torch.Generator, pos: Position,
     }
 
 
+KERNEL_KEYS = ("fused", "foreach", "capturable")
+"""Optimizer settings that say how the update runs on this machine, not what it computes."""
+
+
+def _kernels_of(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with this optimizer's kernel choice (fused AdamW on CUDA, torch's default on
+    the CPU, Stepper.build) in each parameter group. ``load_state_dict`` would otherwise
+    bring back the choice of the machine that saved it: a CPU checkpoint resumed on a GPU
+    would step unfused while the loss scaler expects the fused step's own overflow check
+    (and fails under fp16), and a GPU one resumed on the CPU would run the fused CPU kernel."""
+    groups = [{**group, **{k: now[k] for k in KERNEL_KEYS if k in now}}
+              for group, now in zip(saved["param_groups"], optimizer.param_groups)]
+    return {**saved, "param_groups": groups}
+
+
 def restore(state: dict[str, Any], stepper: Stepper, rank: int = 0) -> Position:
     """Put :func:`state_of`'s objects and this rank's RNGs back in place; returns the loop's
     position. The caller cuts the streams back to ``state["streams"]``."""
     if state["optimizer"] is not None:  # None: restored with the sharded tensors
-        stepper.optimizer.load_state_dict(state["optimizer"])
+        stepper.optimizer.load_state_dict(_kernels_of(stepper.optimizer, state["optimizer"]))
     stepper.scheduler.load_state_dict(state["scheduler"])
     if state["scaler"]:  # empty when saved without loss scaling: a new scaler starts fresh
         stepper.scaler.load_state_dict(state["scaler"])

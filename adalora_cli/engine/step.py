@@ -82,10 +82,12 @@ class Stepper:
     """The autocast precision that runs: fp32, bf16 or fp16 (build.resolve_precision)."""
     closed_form_reg: bool = False
     """Add the regularizer's gradient in closed form after the backward pass, where the
-    regularizer offers it (AdaLoRA's Eq. 4 on whole factors), instead of through autograd.
-    On CUDA: autograd adds each factor's share to its gradient with a kernel of its own
-    (hundreds per step at BART-large), the closed form with one fused add. Off on the
-    CPU, where the kernels cost nothing extra and the runs stay bit for bit as before."""
+    regularizer offers it (Eq. 4, AdaLoRA's and LoRA_regu's, on whole factors), instead of
+    through autograd. On one GPU: autograd adds each factor's share to its gradient with a
+    kernel of its own (hundreds per step at BART-large), the closed form with one fused
+    add. Off on the CPU, where the kernels cost nothing extra and the runs stay bit for
+    bit as before, and under DDP, whose gradient hooks expect every trained parameter to
+    get its gradient inside the backward pass."""
     skipped: int = 0
     """Steps the fp16 loss scaler skipped so far (checkpointed, summed over attempts)."""
     skip_run: int = 0
@@ -119,7 +121,8 @@ class Stepper:
         return cls(model, handle, optimizer, scheduler, scaler, grad_accum=train.grad_accum,
                    max_grad_norm=train.max_grad_norm, autocast=autocast,
                    precision=resolve_precision(train.precision, device),
-                   closed_form_reg=cuda)
+                   closed_form_reg=cuda and not isinstance(
+                       model, torch.nn.parallel.DistributedDataParallel))
 
     def backward(self, batch: dict[str, torch.Tensor], weight: float = 1.0,
                  regularize: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:

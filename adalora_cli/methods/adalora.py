@@ -129,9 +129,13 @@ def orthogonal_regularizer_grads(layers: Iterable[nn.Module], form: RegForm = "c
         # E = 0 gives a zero gradient whatever the divisor; the clamp only avoids 0 / 0
         coef = ((2.0 / len(factors)) / f.clamp_min(1e-30) if form == "code"
                 else torch.full_like(f, 4.0))  # (g,)
-        g = (stack @ e) * (coef * weight).view(-1, 1, 1)  # (g, d, r)
-        for i, gi in zip(members, g.unbind(0)):
-            grads[i] = gi if i % 2 == 0 else gi.T
+        scale = (coef * weight).view(-1, 1, 1)
+        # laid out as the factors are (a right factor's (M E)^T = E M^T, E symmetric), so
+        # the gradients' strides match theirs and one fused add takes them all
+        tall = (stack @ e) * scale if any(i % 2 == 0 for i in members) else None  # (g, d, r)
+        wide = (e @ stack.mT) * scale if any(i % 2 for i in members) else None  # (g, r, d)
+        for k, i in enumerate(members):
+            grads[i] = tall[k] if i % 2 == 0 else wide[k]
     norms_all = torch.cat(norms)
     value = norms_all.mean() if form == "code" else norms_all.pow(2).sum()
     return value, factors, grads  # type: ignore[return-value]
@@ -182,5 +186,6 @@ class OrthogonalRegularizer:
         for f, _ in pairs:  # a factor the forward pass did not use has no gradient yet
             if f.grad is None:
                 f.grad = torch.zeros_like(f)
-        torch._foreach_add_([f.grad for f, _ in pairs], [g for _, g in pairs])
+        if pairs:
+            torch._foreach_add_([f.grad for f, _ in pairs], [g for _, g in pairs])
         return value

@@ -146,9 +146,13 @@ def _seed_order(row: Row) -> list[int | None]:
 
 def _per_seed(row: Row, key: str, seeds: list[int | None]) -> str:
     """The row's value of column ``key`` from each of ``seeds``, in that order ('-' for a
-    seed with no run that has the column: a row may span several tasks)."""
-    by_seed = {r.seed: r.values[key] for r in row.runs if r.values.get(key) is not None}
-    return " / ".join(f"{by_seed[s]:.2f}" if s in by_seed else "-" for s in seeds)
+    seed with no run that has the column: a row may span several tasks; two runs of one
+    seed, possible when configs pooled into one row differ, are both shown: '81.00,82.00')."""
+    by_seed: dict[int | None, list[str]] = {}
+    for r in row.runs:
+        if r.values.get(key) is not None:
+            by_seed.setdefault(r.seed, []).append(f"{r.values[key]:.2f}")
+    return " / ".join(",".join(by_seed[s]) if s in by_seed else "-" for s in seeds)
 
 
 def _seed_grid(table: Table) -> tuple[list[str], list[list[str]]]:

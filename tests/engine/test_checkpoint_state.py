@@ -104,3 +104,49 @@ def test_machine_changes_are_named_in_one_line():
     assert ckpt.describe_machine_changes({"precision": ["fp16", "fp32"]}) == (
         "this device runs fp32 where the checkpoint ran fp16 autocast: the run goes on so, "
         "without its loss scaler")
+
+
+def _state(stepper) -> dict:
+    generator = torch.Generator().manual_seed(3)
+    pos = ckpt.Position(step=3, epoch=0, consumed=3, epoch_start=generator.get_state())
+    # the step is added by save_checkpoint
+    return {**ckpt.state_of(stepper, generator, pos, [ckpt.rng_state()], {}), "step": 3}
+
+
+def _fused(stepper, scaled: bool):
+    """``stepper`` with AdamW as Stepper.build makes it on CUDA (fused; torch has a fused
+    CPU kernel too), and under fp16 a live loss scaler."""
+    stepper.optimizer = torch.optim.AdamW(stepper.handle.trainable, lr=0.01,
+                                          weight_decay=0.1, fused=True)
+    stepper.scheduler = torch.optim.lr_scheduler.LambdaLR(stepper.optimizer, lambda s: 1.0)
+    if scaled:
+        stepper.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    return stepper
+
+
+def test_a_resumed_optimizer_keeps_this_machines_kernels():
+    """A checkpoint from the CPU (torch's default AdamW) resumed where the step is fused
+    (CUDA) stays fused, and its first step under loss scaling runs (the scaler hands a fused
+    step its overflow flag; an unfused one refuses it); the other way round stays unfused.
+    The moments come back either way."""
+    saved = _state(stepped(3))
+    fresh = _fused(tiny_stepper(), scaled=True)
+    ckpt.restore(saved, fresh)
+    group = fresh.optimizer.param_groups[0]
+    assert group["fused"] is True and not group["foreach"]
+    p = fresh.handle.trainable[0]
+    assert torch.equal(fresh.optimizer.state[p]["exp_avg"],
+                       saved["optimizer"]["state"][0]["exp_avg"])
+    assert saved["optimizer"]["param_groups"][0]["fused"] is None  # the input is untouched
+    fresh.backward_pieces([(tiny_batch(4), 1.0)])
+    before = p.detach().clone()
+    assert not fresh.update(4).skipped
+    assert not torch.equal(p.detach(), before)  # it stepped
+
+    fused = _fused(tiny_stepper(), scaled=False)
+    for t in (1, 2):
+        fused.backward_pieces([(tiny_batch(t), 1.0)])
+        fused.update(t)
+    back = tiny_stepper()
+    ckpt.restore(_state(fused), back)
+    assert back.optimizer.param_groups[0]["fused"] is None

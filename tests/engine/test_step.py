@@ -66,3 +66,29 @@ def test_step_log_from_a_methods_report():
     assert StepLog.of(1e-3, StepReport(4, {"a": 3, "b": 1})) == \
         StepLog(1e-3, 4, {"a": 3, "b": 1})
     assert StepLog.of(2e-3, None) == StepLog(2e-3)
+
+
+def test_on_cuda_the_step_is_fused_and_adds_eq4_in_closed_form_except_under_ddp(tmp_path):
+    """Stepper.build's choices for a CUDA run (only the device's type is read here, so
+    the CPU can build it): fused AdamW and the closed-form Eq. 4 gradient on one GPU; under
+    DDP autograd's gradient (DDP's hooks expect every trained parameter's gradient inside
+    the backward pass), still fused; the CPU keeps torch's default AdamW and autograd."""
+    import torch.distributed as dist
+
+    cfg = run_config("adalora", adalora={"budget": BUDGET, "t_init": T_INIT,
+                                         "t_final": T_FINAL, "delta_t": DELTA_T})
+    model = tiny_bert()
+    handle = apply_method(model, cfg, T)
+    train = TrainConfig(precision="fp32")
+    built = {}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        for name, wrapped, device in (("cpu", model, "cpu"), ("cuda", model, "cuda"),
+                                      ("cuda-ddp", ddp, "cuda")):
+            stepper = Stepper.build(wrapped, handle, train, T, torch.device(device))
+            built[name] = (stepper.closed_form_reg, stepper.optimizer.defaults["fused"])
+    finally:
+        dist.destroy_process_group()
+    assert built == {"cpu": (False, None), "cuda": (True, True), "cuda-ddp": (False, True)}

@@ -143,6 +143,8 @@ def test_the_regularizers_closed_form_gradient_by_hand(make) -> None:
     for got, want in zip(grads, [zero_p, 2 * q1, 2 * p2, zero_q]):
         torch.testing.assert_close(got, want)
     assert [g.shape for g in grads] == [f.shape for f in factors]
+    # laid out as the factors are, so one fused add takes them all (no per-tensor fallback)
+    assert [g.stride() for g in grads] == [f.stride() for f in factors]
 
 
 @pytest.mark.parametrize("form", ["code", "paper"])
@@ -170,6 +172,11 @@ def test_adding_the_closed_form_gradient_equals_autograd(form) -> None:
     value = OrthogonalRegularizer(twins, form).add_gradients(weight)
     assert float(value) == float(orthogonal_regularizer(layers, form).detach())
     assert layers[1].Q.grad is None and twins[1].Q.grad is None
+    frozen = copy.deepcopy(twins[2])
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    OrthogonalRegularizer([frozen], form).add_gradients(weight)  # nothing to add to
+    assert all(p.grad is None for p in frozen.parameters())
     for layer, twin in zip(layers, twins):
         for name in ("P", "Q"):
             if not getattr(layer, name).requires_grad:
