@@ -105,19 +105,19 @@ class Stepper:
         # one group, or the method's (LoRA+'s faster B, SoRA's gates without weight decay);
         # a group may hold no parameter (method none)
         groups = handle.optimizer_groups(train.learning_rate, train.weight_decay)
+        cuda = device.type == "cuda"
         params = [p for g in groups for p in g["params"]]
         # fused on CUDA: one kernel set for all parameters and no per-parameter Python, and
         # under fp16 it skips an overflowed step on the device instead of reading the
         # scaler's flag; the CPU keeps torch's default (its runs stay bit for bit). Plain
         # tensors only: FSDP's sharded parameters keep the default too.
-        fused = (device.type == "cuda" and bool(params)
+        fused = (cuda and bool(params)
                  and all(type(p) is torch.nn.Parameter for p in params)) or None
         optimizer = torch.optim.AdamW(groups, lr=train.learning_rate,
                                       weight_decay=train.weight_decay, fused=fused)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, linear_schedule(train.warmup_steps, steps))
         scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype is torch.float16)
-        cuda = device.type == "cuda"
         return cls(model, handle, optimizer, scheduler, scaler, grad_accum=train.grad_accum,
                    max_grad_norm=train.max_grad_norm, autocast=autocast,
                    precision=resolve_precision(train.precision, device),

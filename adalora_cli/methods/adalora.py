@@ -181,11 +181,14 @@ class OrthogonalRegularizer:
         backward pass, in one fused add) and return the unweighted value, detached: the
         same update autograd makes from ``weight * self()`` in the loss, to rounding."""
         value, factors, grads = orthogonal_regularizer_grads(self.layers, self.form, weight)
-        # a frozen factor gets no gradient, as under autograd
-        pairs = [(f, g) for f, g in zip(factors, grads) if f.requires_grad]
-        for f, _ in pairs:  # a factor the forward pass did not use has no gradient yet
-            if f.grad is None:
+        into, adds = [], []
+        for f, g in zip(factors, grads):  # one pass: this runs every step
+            if not f.requires_grad:  # a frozen factor gets no gradient, as under autograd
+                continue
+            if f.grad is None:  # a factor the forward pass did not use has none yet
                 f.grad = torch.zeros_like(f)
-        if pairs:
-            torch._foreach_add_([f.grad for f, _ in pairs], [g for _, g in pairs])
+            into.append(f.grad)
+            adds.append(g)
+        if adds:
+            torch._foreach_add_(into, adds)
         return value
