@@ -2,8 +2,8 @@
 
 - Figure 3: the final rank of every adapted matrix, averaged over seeds, per task, method
   and budget level (cells annotated with one decimal, since a mean rank need not be whole).
-- Figure 4: metric against "# Params", one line per method, a band of ± the sample std
-  over seeds around the mean.
+- Figure 4: metric against "# Params", one line per method and setting (one colour per
+  method, a line style per setting), a band of ± the sample std over seeds around the mean.
 - Figure 5: the orthogonality penalty R (``orth_reg`` in metrics.jsonl) over training,
   mean over seeds with the min-max band. The paper plots the squared norms of single
   matrices; R is what the loss used (Eq. 4, docs/maths.md#orthogonal-regularizer), so it is
@@ -114,6 +114,29 @@ def _seed_words(counts: set[int]) -> str:
     return f"{low} seed{'s' if high > 1 else ''}" if low == high else f"{low}-{high} seeds"
 
 
+# 20 distinguishable colours (tab10, then tab20's lighter shades): one per method
+_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
+           "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5"]
+_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v")]
+
+
+def _line_looks(keys: list[tuple]) -> dict[tuple, dict]:
+    """Plot styles for (method, variant) lines: a colour per method, so that the lines of
+    one method at several learning rates read as one family, and a line style and marker
+    per variant within it. Matplotlib's default cycle has 10 colours; today's eight methods
+    at two or three rates each would repeat them and make two methods look alike."""
+    methods = list(dict.fromkeys(method for method, _ in keys))
+    looks, seen = {}, defaultdict(int)
+    for method, variant in keys:
+        style, marker = _STYLES[seen[method] % len(_STYLES)]
+        seen[method] += 1
+        looks[(method, variant)] = {
+            "color": _COLORS[methods.index(method) % len(_COLORS)],
+            "linestyle": style, "marker": marker}
+    return looks
+
+
 def budget_curves(tables: list[Table], out: Path) -> list[Path]:
     plt = _plt()
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -137,12 +160,13 @@ def budget_curves(tables: list[Table], out: Path) -> list[Path]:
                         by_method[(row.method, row.variant)].append(
                             (row.params, cell.mean, cell.std or 0.0))
                         seeds[(row.method, row.variant)].add(cell.n)
+                looks = _line_looks(list(by_method))
                 for (method, variant), points in by_method.items():
                     points.sort()
                     x, y, err = zip(*points)
                     name = METHOD_NAMES.get(method, method)
                     label = f"{name} {_variant_words(variant)}".strip()
-                    line, = ax.plot(x, y, marker="o",
+                    line, = ax.plot(x, y, **looks[(method, variant)],
                                     label=f"{label} ({_seed_words(seeds[(method, variant)])})")
                     # the band is mean +- sample std over seeds (zero where one seed)
                     ax.fill_between(x, [m - e for m, e in zip(y, err)],

@@ -265,3 +265,36 @@ def test_figure_names_read_plainly_and_figure_5_ticks_are_numbers(tmp_path, monk
     labels = ticks["fig5_orth_causal_lm.png"]
     assert {"0.2", "1", "2"} <= set(labels) and not any("10^" in t or "times" in t
                                                         for t in labels), labels
+
+
+def test_budget_figure_gives_each_method_its_own_colour(tmp_path, monkeypatch):
+    """Eleven methods, one of them at two rates: matplotlib's 10-colour cycle would give the
+    eleventh method the first one's colour. Each method keeps one colour for all its rates;
+    its rates differ in line style and marker."""
+    from matplotlib.colors import to_hex
+
+    methods = ["lora", "rslora", "dora", "pissa", "loraplus", "sora", "increlora", "houlsby",
+               "pfeiffer", "bitfit", "adalora"]
+    for method in methods:
+        make_run(tmp_path, f"{method}-s0", 0, 0.8, method=method)
+    make_run(tmp_path, "rslora-fast-s0", 0, 0.6, method="rslora", train={"learning_rate": 1e-3})
+    drawn = {}
+
+    def keep_lines(fig, path):
+        drawn[path.name] = [(line.get_label(), to_hex(line.get_color()), line.get_linestyle(),
+                             line.get_marker()) for line in fig.axes[0].get_lines()]
+        fig.clf()
+
+    monkeypatch.setattr(figures, "_save", keep_lines)
+    figures.write_figures(build_report([tmp_path]), tmp_path / "fig")
+    lines = drawn["fig4_budget_rte.png"]
+    assert len(lines) == 12
+    colour = {}
+    for label, hex_colour, _, _ in lines:
+        colour.setdefault(label.split(" ")[0], set()).add(hex_colour)
+    # one colour per method (rsLoRA's two lines share theirs), and no two methods alike
+    assert all(len(c) == 1 for c in colour.values()) and len(colour) == 11
+    assert len({c for cs in colour.values() for c in cs}) == 11
+    rs = sorted((label, style, marker) for label, _, style, marker in lines
+                if label.startswith("rsLoRA"))
+    assert rs == [("rsLoRA lr=0.0005 (1 seed)", "-", "o"), ("rsLoRA lr=0.001 (1 seed)", "--", "s")]
