@@ -114,10 +114,6 @@ def _seed_words(counts: set[int]) -> str:
     return f"{low} seed{'s' if high > 1 else ''}" if low == high else f"{low}-{high} seeds"
 
 
-# 20 distinguishable colours (tab10, then tab20's lighter shades): one per method
-_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
-           "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5"]
 _STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v")]
 
 
@@ -125,15 +121,18 @@ def _line_looks(keys: list[tuple]) -> dict[tuple, dict]:
     """Plot styles for (method, variant) lines: a colour per method, so that the lines of
     one method at several learning rates read as one family, and a line style and marker
     per variant within it. Matplotlib's default cycle has 10 colours; today's eight methods
-    at two or three rates each would repeat them and make two methods look alike."""
-    methods = list(dict.fromkeys(method for method, _ in keys))
+    at two or three rates each would repeat them and make two methods look alike, so past
+    tab10 come tab20's lighter shades (20 in all)."""
+    from matplotlib import colormaps
+
+    colours = [*colormaps["tab10"].colors, *colormaps["tab20"].colors[1::2]]
+    methods = {m: i for i, m in enumerate(dict.fromkeys(method for method, _ in keys))}
     looks, seen = {}, defaultdict(int)
     for method, variant in keys:
         style, marker = _STYLES[seen[method] % len(_STYLES)]
         seen[method] += 1
-        looks[(method, variant)] = {
-            "color": _COLORS[methods.index(method) % len(_COLORS)],
-            "linestyle": style, "marker": marker}
+        looks[(method, variant)] = {"color": colours[methods[method] % len(colours)],
+                                    "linestyle": style, "marker": marker}
     return looks
 
 
