@@ -31,6 +31,10 @@ _FIRST_CTRL_C = (b"note: stopping at the next step boundary with a checkpoint; p
                  b"again to stop at once without one\n")
 
 
+def _ranks() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
 class StopSignals:
     def __init__(self) -> None:
         self.received: str | None = None
@@ -43,9 +47,16 @@ class StopSignals:
                 self._previous[sig] = signal.signal(sig, self._handler)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if exc_type is not None and self._previous and _ranks() > 1:
+            # one rank of a distributed run failed (another rank died, say): the launcher
+            # stops the ranks still alive with SIGTERM as soon as it sees the first death,
+            # which may land between here and this rank's one-line error; the process only
+            # has that line left to say, so it lets nothing cut it (the launcher kills it
+            # with SIGKILL if it ever hangs)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def _handler(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name

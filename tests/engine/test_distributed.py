@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -315,6 +316,25 @@ def test_a_killed_rank_is_said_by_its_partner_and_the_launcher(tmp_path):
                          "does)"]
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "failed" and status["error"].startswith("RankDied: another")
+
+
+@pytest.mark.parametrize("ranks, says", [("2", "said it\n"), ("1", "")])
+def test_a_failed_rank_says_its_error_through_the_launchers_sigterm(ranks, says):
+    """The launcher SIGTERMs the ranks still alive as soon as it sees one die; a rank that
+    failed (its collective lost the dead peer) must still get its one error line out, so
+    the SIGTERM landing after the run failed is ignored, on a distributed rank only."""
+    script = ("import os, signal, sys\n"
+              "from adalora_cli.engine.signals import StopSignals\n"
+              "try:\n"
+              "    with StopSignals():\n"
+              "        raise RuntimeError('Connection closed by peer')\n"
+              "except RuntimeError:\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    sys.stdout.write('said it\\n')\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "WORLD_SIZE": ranks})
+    assert proc.stdout == says
+    assert proc.returncode == (0 if ranks == "2" else -signal.SIGTERM)
 
 
 def test_only_a_lost_peer_of_a_distributed_run_is_a_dead_rank():
