@@ -65,8 +65,8 @@ def run_one(runner: str, config: Path, overrides: list[str], env: dict[str, str]
     return result
 
 
-def compare(config: Path, overrides: list[str], seeds: list[int]) -> list[dict]:
-    env = child_env()
+def compare(config: Path, overrides: list[str], seeds: list[int],
+            env: dict[str, str]) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="ttr-") as tmp:
         for k, seed in enumerate(seeds):
@@ -90,9 +90,10 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def print_table(rows: list[dict], summary: dict, seeds: list[int]) -> None:
+def print_table(rows: list[dict], summary: dict, seeds: list[int], env: dict[str, str]) -> None:
     print(f"time to result, {len(seeds)} seed(s) {seeds}, {os.cpu_count()} CPUs, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+          f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'unset')}, "
+          f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', 'unset')}")
     print(f"  {'runner':18s} {'wall s':>8s} " + " ".join(f"{p:>9s}" for p in PHASES)
           + f" {'accuracy':>9s}")
     for r in rows:
@@ -121,9 +122,10 @@ def main() -> None:
             from None
     if not seeds:
         raise SystemExit("error: --seeds is empty; give at least one, e.g. --seeds 0")
-    rows = compare(args.config, args.overrides, seeds)
+    env = child_env()  # the wait policy follows the load now, once, for every run
+    rows = compare(args.config, args.overrides, seeds, env)
     summary = summarize(rows)
-    print_table(rows, summary, seeds)
+    print_table(rows, summary, seeds, env)
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary}))
 
