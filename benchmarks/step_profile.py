@@ -153,6 +153,24 @@ def _folded(model, handle) -> None:
         layer.forward = types.MethodType(forward, layer)
 
 
+def _lam_cast(model, handle, scaled: bool = False) -> None:
+    """Eq. 3 with ``lam`` (r0 entries) cast to the activations' dtype instead of the
+    (batch, tokens, r0) activations to fp32 and back, which autocast's bf16 matmuls force
+    when the fp32 ``lam`` multiplies them; ``scaled`` also folds alpha / r0 into ``lam``'s
+    copy, sparing the (batch, tokens, d_out) multiply. An fp32 run's arithmetic is unchanged
+    by the cast (a no-op there), not by the fold."""
+    import types
+
+    def forward(self, x):
+        h = self.dropout(x) @ self.Q.T  # (..., r0), bf16 under autocast
+        if scaled:
+            return self.base(x) + (h * (self.lam * self.scaling).to(h.dtype)) @ self.P.T
+        return self.base(x) + ((h * self.lam.to(h.dtype)) @ self.P.T) * self.scaling
+
+    for _, layer in handle.layers:
+        layer.forward = types.MethodType(forward, layer)
+
+
 def _autograd_regularizer(model, handle) -> None:
     rule = handle.regularizer
     handle.regularizer = lambda: rule()  # no closed form offered: autograd's gradient
@@ -179,11 +197,15 @@ VARIANTS = {"adalora-autograd-reg": ("adalora", _autograd_regularizer, False),
             "lora-unfused": ("lora", None, True),
             "adalora-noreg": ("adalora", _no_regularizer, False),
             "adalora-noalloc": ("adalora", _no_allocator, False),
-            "adalora-folded": ("adalora", _folded, False)}
+            "adalora-folded": ("adalora", _folded, False),
+            "adalora-lamcast": ("adalora", _lam_cast, False),
+            "adalora-lamcast-scaled": ("adalora",
+                                       lambda m, h: _lam_cast(m, h, scaled=True), False)}
 """What each part of AdaLoRA's step costs: the regularizer's gradient through autograd
 instead of in closed form, torch's default AdamW instead of the fused one (LoRA's too), the
 step without the regularizer (Eq. 4) or the allocator's after-step (Eqs. 8-11), and Eq. 3's
-diagonal folded into Q."""
+diagonal folded into Q, or ``lam`` cast to the activations' dtype (with or without the
+scaling folded into it)."""
 
 
 def main() -> None:
@@ -199,9 +221,17 @@ def main() -> None:
     parser.add_argument("--models", type=Path, default=None)
     parser.add_argument("--rounds", type=int, default=4,
                         help="alternating rounds timing the variants (0: not timed)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated variants to time beside LoRA and AdaLoRA "
+                             f"(default: all of {', '.join(VARIANTS)})")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for the full profiler tables (default: not written)")
     args = parser.parse_args()
+    chosen = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; choose from "
+                     f"{', '.join(VARIANTS)}")
     import transformers
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -240,7 +270,8 @@ def main() -> None:
     for key, dc, dh, dg in differences(avgs["adalora"], avgs["lora"], args.steps):
         print(f"  {dc:+7.1f} {dh / 1000:+8.3f} {dg / 1000:+8.3f}  {key[:90]}")
     if args.rounds:
-        for name, (method, tweak, unfused) in VARIANTS.items():
+        for name in chosen:
+            method, tweak, unfused = VARIANTS[name]
             with _unfused() if unfused else contextlib.nullcontext():
                 steppers[name] = make_stepper(method, rank, total + 20 * args.rounds, batch,
                                               tweak=tweak, **kw)
