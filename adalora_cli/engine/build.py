@@ -116,8 +116,9 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
     CUDA: ``auto`` is bf16 where the GPU runs it natively and fp16 with loss scaling
     elsewhere. CPU: ``bf16`` autocasts to bf16 (docs/training.md#precision); ``auto`` and
-    ``fp16`` are fp32 (fp16 autocast is for GPUs, and bf16 is not ``auto``'s choice on a CPU
-    until three seeds show the demo's accuracy unchanged). Other devices: fp32."""
+    ``fp16`` are fp32 (fp16 autocast is for GPUs; bf16 kept the demo's accuracy on a CPU with
+    AMX but did not clearly train faster there, docs/training.md#precision). Other devices:
+    fp32."""
     if precision == "fp32":
         return "fp32"
     if device.type == "cuda":
@@ -159,10 +160,10 @@ def _precision_notes(asked: str, ran: str, device: torch.device) -> None:
 
 def cpu_auto_note(asked: str, device: torch.device) -> str | None:
     """What ``train.precision=auto`` did on a CPU, for a run that shows its progress: fp32
-    on every CPU until bf16's accuracy is shown on three seeds of the demo
-    (docs/training.md#precision), and whether this CPU's bf16 is native (so that asking for
-    it would pay). None elsewhere. Not a warning: the loop prints it only beside a progress
-    bar, and ``summary.json`` records the precision either way."""
+    on every CPU until bf16 is shown to pay there (docs/training.md#precision), and whether
+    this CPU's bf16 is native (without it, asking for bf16 cannot pay). None elsewhere.
+    Not a warning: the loop prints it only beside a progress bar, and ``summary.json``
+    records the precision either way."""
     if asked != "auto" or device.type != "cpu":
         return None
     if cpu_bf16_native():
