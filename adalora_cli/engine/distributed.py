@@ -19,6 +19,7 @@ the batches, the weighting and rank 0's role stay as described here.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,8 @@ def init(w: World, device_type: str) -> None:
 
 
 def shutdown() -> None:
+    """Leave the process group, if still in it (every exit; a finished run has left it in
+    :func:`leave_together`)."""
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -170,6 +173,30 @@ def check_masks(mask: torch.Tensor, step: int, w: World) -> None:
 def barrier(w: World) -> None:
     if w.distributed:
         dist.barrier()
+
+
+def leave_together(w: World) -> None:
+    """Wait, at the end of a finished run, until every rank is done before any tears its
+    process group down (rank 0 still writes the run's outputs when the others finish).
+
+    A finished two-rank FSDP run on gloo had a rank abort at interpreter exit, after all
+    its Python code ("terminate called without an active exception", no Python frame) in
+    3 of 22 runs on 2026-11-26; 1 of 30 with this wait alone, 0 of 60 with the wait and
+    then the group's garbage (reference cycles) collected here, while the interpreter is
+    whole. Only a finished run does this: on a failure, collecting that garbage beside a
+    dead peer prints gloo's complaints before the one error line. A rank that died
+    meanwhile is said as such, not as a traceback."""
+    if not w.distributed:
+        return
+    try:
+        dist.barrier()
+    except RuntimeError as err:
+        died = rank_died(err, w)
+        if died is None:
+            raise
+        raise died from None
+    dist.destroy_process_group()
+    gc.collect()
 
 
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",

@@ -40,6 +40,7 @@ from .distributed import (
     gather,
     global_mean,
     init,
+    leave_together,
     masks_from_rank0,
     per_rank_batch,
     rank_died,
@@ -72,7 +73,9 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
             # built.cfg: b(T) written out when the config gave adalora.target_rank
             run = _on_rank0(w, lambda: RunDir.create(run_dir or default_run_dir(cfg),
                                                      built.cfg))
-            return _own(built, run, stop, quiet, None, resumed=False, w=w)
+            done = _own(built, run, stop, quiet, None, resumed=False, w=w)
+            leave_together(w)
+            return done
         finally:
             shutdown()
 
@@ -124,7 +127,9 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
         try:
             run = _on_rank0(w, reopen)
             latest = broadcast(run.latest, w)
-            return _own(built, run, stop, quiet, latest, resumed=True, w=w)
+            done = _own(built, run, stop, quiet, latest, resumed=True, w=w)
+            leave_together(w)
+            return done
         finally:
             shutdown()
 

@@ -97,12 +97,13 @@ def _compare(model, handle, twin, batch, *, magnitude: bool = False) -> None:
     model.train(), twin.train()
 
 
-def _compare_params(model, handle, twin, *, magnitude: bool = False) -> None:
+def _compare_params(model, handle, twin, *, magnitude: bool = False,
+                    b_atol: float = PARAM_ATOL) -> None:
     theirs = _lora_modules(twin)
     for path, layer in handle.layers:
         t = theirs[path]
         torch.testing.assert_close(layer.A, t.lora_A["default"].weight, atol=PARAM_ATOL, rtol=0)
-        torch.testing.assert_close(layer.B, t.lora_B["default"].weight, atol=PARAM_ATOL, rtol=0)
+        torch.testing.assert_close(layer.B, t.lora_B["default"].weight, atol=b_atol, rtol=0)
         if magnitude:
             torch.testing.assert_close(layer.m, t.lora_magnitude_vector["default"].weight,
                                        atol=PARAM_ATOL, rtol=0)
@@ -111,14 +112,15 @@ def _compare_params(model, handle, twin, *, magnitude: bool = False) -> None:
     torch.testing.assert_close(model.classifier.bias, head.bias, atol=PARAM_ATOL, rtol=0)
 
 
-def _forward_and_one_step(model, handle, twin, *, magnitude=False, optimizer=None) -> None:
+def _forward_and_one_step(model, handle, twin, *, magnitude=False, optimizer=None,
+                          b_atol: float = PARAM_ATOL) -> None:
     batch = tiny_batch(seed=5)
     _compare(model, handle, twin, batch)
     before = model.classifier.weight.detach().clone()
     _step_ours(model, handle, batch)
     _step_theirs(twin, batch, optimizer)
     assert (model.classifier.weight - before).abs().max() > 100 * PARAM_ATOL  # it moved
-    _compare_params(model, handle, twin, magnitude=magnitude)
+    _compare_params(model, handle, twin, magnitude=magnitude, b_atol=b_atol)
     _compare(model, handle, twin, batch)
 
 
@@ -179,7 +181,11 @@ def test_loraplus_equals_peft_create_loraplus_optimizer():
     _align(model, handle, twin)
     optimizer = create_loraplus_optimizer(twin, torch.optim.AdamW, lr=LR, loraplus_lr_ratio=16,
                                           loraplus_weight_decay=WD)
-    _forward_and_one_step(model, handle, twin, optimizer=optimizer)
+    # B steps at 16 x LR. Adam's first step is lr * g / (|g| + eps): where a gradient entry
+    # is tiny, the two sides' rounding of it moves the update by a share of lr, so B's
+    # tolerance scales with its rate (an AVX-512 CPU put one entry 2.5e-5 apart). A wrong
+    # ratio, even 15 for 16, puts B 0.01 apart.
+    _forward_and_one_step(model, handle, twin, optimizer=optimizer, b_atol=16 * PARAM_ATOL)
 
 
 def test_loraplus_differs_from_lora_by_the_ratio_alone():
