@@ -181,7 +181,7 @@ def leave_together(w: World) -> None:
 
     A finished two-rank FSDP run on gloo had a rank abort at interpreter exit, after all
     its Python code ("terminate called without an active exception", no Python frame) in
-    3 of 22 runs on 2026-11-26; 1 of 30 with this wait alone, 0 of 60 with the wait and
+    3 of 22 runs on 2026-11-26; 1 of 30 with this wait alone, 0 of 90 with the wait and
     then the group's garbage (reference cycles) collected here, while the interpreter is
     whole. Only a finished run does this: on a failure, collecting that garbage beside a
     dead peer prints gloo's complaints before the one error line. A rank that died
