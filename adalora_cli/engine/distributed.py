@@ -184,8 +184,10 @@ def leave_together(w: World) -> None:
     3 of 22 runs on 2026-11-26; 1 of 30 with this wait alone, 0 of 90 with the wait and
     then the group's garbage (reference cycles) collected here, while the interpreter is
     whole. Only a finished run does this: on a failure, collecting that garbage beside a
-    dead peer prints gloo's complaints before the one error line. A rank that died
-    meanwhile is said as such, not as a traceback."""
+    dead peer prints gloo's complaints before the one error line. A peer gone meanwhile:
+    rank 0 has written the whole run by now, so it leaves as it would have without the
+    wait (the launcher names the dead rank); another rank says it, as a RankDied (rank 0
+    may have died writing)."""
     if not w.distributed:
         return
     try:
@@ -194,7 +196,9 @@ def leave_together(w: World) -> None:
         died = rank_died(err, w)
         if died is None:
             raise
-        raise died from None
+        if not w.main:
+            raise died from None
+        return  # the finally's shutdown() leaves the group; no collection beside a dead peer
     dist.destroy_process_group()
     gc.collect()
 
