@@ -171,6 +171,13 @@ def _lam_cast(model, handle, scaled: bool = False) -> None:
         layer.forward = types.MethodType(forward, layer)
 
 
+def _compiled(model, handle) -> None:
+    """The model's forward (and so its backward) compiled by inductor with CUDA graphs
+    (``reduce-overhead``): one replay instead of thousands of launches per step, the cure
+    the host-bound profile above asks for. The optimizer step and the allocator stay eager."""
+    model.compile(mode="reduce-overhead")
+
+
 def _autograd_regularizer(model, handle) -> None:
     rule = handle.regularizer
     handle.regularizer = lambda: rule()  # no closed form offered: autograd's gradient
@@ -200,12 +207,14 @@ VARIANTS = {"adalora-autograd-reg": ("adalora", _autograd_regularizer, False),
             "adalora-folded": ("adalora", _folded, False),
             "adalora-lamcast": ("adalora", _lam_cast, False),
             "adalora-lamcast-scaled": ("adalora",
-                                       lambda m, h: _lam_cast(m, h, scaled=True), False)}
+                                       lambda m, h: _lam_cast(m, h, scaled=True), False),
+            "adalora-compiled": ("adalora", _compiled, False),
+            "lora-compiled": ("lora", _compiled, False)}
 """What each part of AdaLoRA's step costs: the regularizer's gradient through autograd
 instead of in closed form, torch's default AdamW instead of the fused one (LoRA's too), the
 step without the regularizer (Eq. 4) or the allocator's after-step (Eqs. 8-11), and Eq. 3's
 diagonal folded into Q, or ``lam`` cast to the activations' dtype (with or without the
-scaling folded into it)."""
+scaling folded into it); and either method with its model compiled under CUDA graphs."""
 
 
 def main() -> None:

@@ -221,9 +221,10 @@ def host_syncs(step, steps: int = 3) -> float:
         str(Path("torch", "cuda", "__init__.py"))) for w in caught) / steps
 
 
-def real_items(size: int) -> tuple[list[dict], object]:
-    """The demo's first ``size`` training examples and the task's collate function."""
-    cfg = resolve_resources(load_config(DEMO))
+def real_items(size: int, overrides: list[str] = ()) -> tuple[list[dict], object]:
+    """The demo's first ``size`` training examples and the task's collate function
+    (``overrides``: the demo config's, e.g. another folder of the same model)."""
+    cfg = resolve_resources(load_config(DEMO, list(overrides)))
     task = get_task(cfg)
     _, tokenizer = load_model(task, cfg)
     data = task.load_data(tokenizer)

@@ -15,7 +15,11 @@ zeroed, which the importance scores need). Evaluation is ``Trainer.predict`` on 
 validation split. Known differences, both Trainer defaults: no weight decay on biases and
 LayerNorm weights, and warm-up starting from lr 0 rather than lr/warmup.
 
-Prints one JSON line like ttr_ours.py: wall, load, train, evaluate, other, accuracy.
+Precision: fp32, Trainer's default on a CPU; ``TTR_HF_BF16=1`` in the environment sets
+``bf16=True`` (Trainer's CPU bf16 autocast), time_to_result.py's ``--hf-bf16``.
+
+Prints one JSON line like ttr_ours.py: wall, load, train, evaluate, other, accuracy,
+precision.
 """
 
 import time
@@ -25,6 +29,7 @@ START = time.perf_counter()  # before any heavy import: imports count as load ti
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 
 import datasets  # noqa: E402
@@ -100,6 +105,7 @@ def main() -> None:
     datasets.disable_progress_bars()
     cfg = resolved(load_config(config, overrides))
     t = cfg.train
+    bf16 = os.environ.get("TTR_HF_BF16") == "1"
     task = get_task(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
     torch.manual_seed(t.seed)  # the head's initialization, as our runner seeds it
@@ -119,7 +125,7 @@ def main() -> None:
         lr_scheduler_type="linear", max_grad_norm=t.max_grad_norm, num_train_epochs=t.epochs,
         max_steps=t.max_steps or -1, seed=t.seed, data_seed=t.seed, use_cpu=True,
         save_strategy="no", eval_strategy="no", logging_strategy="no", report_to="none",
-        disable_tqdm=True, dataloader_num_workers=0)
+        disable_tqdm=True, dataloader_num_workers=0, bf16=bf16)
     trainer = Trainer(model=model, args=args, train_dataset=train,
                       data_collator=DataCollatorWithPadding(tokenizer),
                       callbacks=[AllocateRanks(model)])
@@ -137,7 +143,8 @@ def main() -> None:
         "evaluate": marks["eval_end"] - marks["eval_start"],
         "other": wall - (marks["eval_end"] - START), "accuracy": accuracy,
         "steps": result.global_step, "train_examples": len(train), "eval_examples": len(valid),
-        "final_budget": int(sum(sum(m) for m in ranks.values())) if ranks else None}))
+        "final_budget": int(sum(sum(m) for m in ranks.values())) if ranks else None,
+        "precision": "bf16" if bf16 else "fp32"}))
 
 
 if __name__ == "__main__":

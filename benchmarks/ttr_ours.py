@@ -53,7 +53,8 @@ def main() -> None:
         "accuracy": metrics["accuracy"], "steps": summary["total_steps"],
         "train_examples": summary["data"]["train_examples"],
         "eval_examples": summary["data"]["validation_examples"],
-        "final_budget": summary.get("final_budget")}))
+        "final_budget": summary.get("final_budget"),
+        "precision": summary["precision"]["autocast"]}))
 
 
 if __name__ == "__main__":

@@ -61,7 +61,46 @@ def test_printed_table_names_both_runners_and_the_target(short_run):
     text, _ = short_run
     assert "adalora train" in text and "HF Trainer + PEFT" in text
     line = next(x for x in text.splitlines() if x.startswith("time-to-result:"))
-    assert "target <= 0.8" in line and "one seed" in line
+    assert "target <= 0.6" in line and "one seed" in line
+    # each row says its precision: the smoke config pins fp32, Trainer's default is fp32
+    rows = [x for x in text.splitlines() if "seed 0, 16 steps" in x]
+    assert len(rows) == 2 and all(" fp32 " in x for x in rows)
+
+
+@pytest.mark.e2e
+def test_hf_bf16_runs_trainer_with_bf16_and_says_so():
+    done = subprocess.run([sys.executable, str(BENCH / "time_to_result.py"), "--config",
+                           str(SMOKE), "--seeds", "0", "--json", "--hf-bf16", *SHORT],
+                          cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["runner"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])["rows"]}
+    assert (rows["ours"]["precision"], rows["hf"]["precision"]) == ("fp32", "bf16")
+    assert rows["hf"]["steps"] == rows["ours"]["steps"] == 16
+
+
+@pytest.mark.parametrize("threads, said", [("2,x", "give whole numbers"),
+                                           ("0", "thread counts of 1 or more")])
+def test_cpu_bf16_threads_refuses_bad_thread_counts(threads, said):
+    done = subprocess.run([sys.executable, str(BENCH / "cpu_bf16_threads.py"), "--threads",
+                           threads], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow  # bf16 steps of the real demo model: minutes where bf16 is emulated
+def test_cpu_bf16_threads_times_three_arms_in_a_fresh_process():
+    done = subprocess.run([sys.executable, str(BENCH / "cpu_bf16_threads.py"), "--threads",
+                           "1", "--rounds", "1", "--steps", "1", "--random-weights"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert "random weights" in lines[0] and "OMP_WAIT_POLICY=" in lines[0]
+    threads, fp32, bf16, ratio, base, base_ratio = lines[-1].split()
+    assert threads == "1"  # the child really ran with OMP_NUM_THREADS=1
+    assert float(fp32) > 0 and float(bf16) > 0 and float(base) > 0
+    assert float(ratio) == pytest.approx(float(bf16) / float(fp32), abs=2e-3)
+    assert float(base_ratio) == pytest.approx(float(base) / float(fp32), abs=2e-3)
 
 
 def test_budget_must_split_evenly_over_peft_matrices():
