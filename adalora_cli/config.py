@@ -455,7 +455,8 @@ class TrainConfig:
     """Autocast on CUDA: 'auto' = bf16 where the GPU runs it natively (compute capability
     >= 8.0), else fp16 with loss scaling (V100, T4). On the CPU 'bf16' autocasts to bf16
     (adapters, head and optimizer state stay fp32; native with AVX-512 BF16 or AMX, emulated
-    and slow elsewhere); 'auto' and 'fp16' run fp32 there."""
+    and slow elsewhere); 'auto' is bf16 where the CPU has it natively and fp32 on any other
+    CPU; 'fp16' runs fp32 there."""
     device: str = "auto"
     """'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ..."""
     eval_batch_size: int = 64

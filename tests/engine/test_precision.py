@@ -39,8 +39,9 @@ def gpu(monkeypatch):
 
 @pytest.mark.parametrize("name, native", [("V100", False), ("T4", False), ("A100", True),
                                           ("RTX 4090", True), ("H100", True)])
-def test_auto_is_bf16_only_where_bf16_is_native(gpu, name, native):
+def test_auto_is_bf16_only_where_bf16_is_native(gpu, monkeypatch, name, native):
     gpu(name)
+    monkeypatch.setattr(build, "cpu_bf16_native", lambda: False)  # an AVX2-only host
     assert torch.cuda.is_bf16_supported()  # what the old test said: True even on a V100
     assert bf16_native(CUDA) is native
     # torch's own answer without emulation agrees wherever torch has it (2.4 and later)
@@ -48,7 +49,8 @@ def test_auto_is_bf16_only_where_bf16_is_native(gpu, name, native):
     auto = "bf16" if native else "fp16"
     assert resolve_precision("auto", CUDA) == auto
     assert autocast_factory("auto", CUDA)[1] is (torch.bfloat16 if native else torch.float16)
-    # an explicit choice is kept, fp32 means no autocast, and the CPU is always fp32
+    # an explicit choice is kept, fp32 means no autocast, and a CPU without native bf16 is
+    # fp32 whatever the GPU
     assert [resolve_precision(p, CUDA) for p in ("bf16", "fp16", "fp32")] == [
         "bf16", "fp16", "fp32"]
     assert autocast_factory("fp32", CUDA)[1] is None
@@ -78,23 +80,31 @@ def test_dtype_names_are_the_config_s():
 CPU = torch.device("cpu")
 
 
-def test_the_cpu_autocasts_only_when_asked_for_bf16():
+@pytest.mark.parametrize("native", [False, True])
+def test_the_cpu_autocasts_when_asked_for_bf16_and_for_auto_where_native(monkeypatch, native):
+    monkeypatch.setattr(build, "cpu_bf16_native", lambda: native)
+    auto = "bf16" if native else "fp32"
     assert [resolve_precision(p, CPU) for p in ("auto", "bf16", "fp16", "fp32")] == [
-        "fp32", "bf16", "fp32", "fp32"]
+        auto, "bf16", "fp32", "fp32"]
+    assert autocast_factory("auto", CPU)[1] is (torch.bfloat16 if native else None)
+    # model.base_dtype=auto follows: a bf16 base only under bf16 autocast
+    assert base_dtype(run_config("lora", model={"base_dtype": "auto"}), CPU) is (
+        torch.bfloat16 if native else torch.float32)
     context, dtype = autocast_factory("bf16", CPU)
     assert dtype is torch.bfloat16
     with context():
         assert torch.is_autocast_enabled("cpu")
         assert torch.get_autocast_dtype("cpu") is torch.bfloat16
         assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype is torch.bfloat16
-    assert autocast_factory("auto", CPU)[1] is None
+    assert autocast_factory("fp32", CPU)[1] is None
     # a bf16 base may now run on the CPU (it meets bf16 autocast); without it, refused
     cfg = run_config("lora", model={"base_dtype": "bf16"}, train={"precision": "bf16"})
     assert base_dtype(cfg, CPU) is torch.bfloat16
     assert base_dtype(run_config("lora", model={"base_dtype": "auto"},
                                  train={"precision": "bf16"}), CPU) is torch.bfloat16
     with pytest.raises(build.ConfigError, match="train.precision=bf16 on a CPU"):
-        base_dtype(run_config("lora", model={"base_dtype": "bf16"}), CPU)
+        base_dtype(run_config("lora", model={"base_dtype": "bf16"},
+                              train={"precision": "fp32"}), CPU)
 
 
 @pytest.mark.parametrize("avx512_bf16, amx, native", [(True, False, True), (False, True, True),
@@ -157,10 +167,11 @@ def test_smoke_run_in_bf16_records_it_and_warns_once_where_emulated(
     assert err.count("without native bf16") == (1 if warned else 0)
 
 
-@pytest.mark.parametrize("native, reason", [(False, "no native bf16"),
-                                            (True, "which has native bf16")])
-def test_auto_on_the_cpu_runs_fp32_and_says_so_once(monkeypatch, tmp_path, capsys, native,
-                                                      reason):
+@pytest.mark.parametrize("native, ran, reason", [
+    (False, "fp32", "runs fp32 on this CPU (no native bf16"),
+    (True, "bf16", "runs bf16 autocast on this CPU (native bf16")])
+def test_auto_on_the_cpu_is_bf16_only_where_native_and_says_so_once(
+        monkeypatch, tmp_path, capsys, native, ran, reason):
     import json
 
     from adalora_cli.config import load_config
@@ -173,10 +184,10 @@ def test_auto_on_the_cpu_runs_fp32_and_says_so_once(monkeypatch, tmp_path, capsy
         run = train(load_config(SMOKE, ["train.precision=auto", "train.max_steps=14"]),
                     tmp_path / f"run-{quiet}", quiet=quiet)
         summary = json.loads((run / "summary.json").read_text())
-        assert summary["precision"]["autocast"] == "fp32"
+        assert summary["precision"]["autocast"] == ran
         notes = [line for line in capsys.readouterr().err.splitlines()
                  if "train.precision=auto" in line]
         if quiet:  # beside a progress bar only: --quiet runs (sweeps, scripts) stay terse
             assert notes == []
         else:
-            assert len(notes) == 1 and reason in notes[0] and "runs fp32" in notes[0]
+            assert len(notes) == 1 and reason in notes[0]

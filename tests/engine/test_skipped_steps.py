@@ -161,8 +161,10 @@ def test_the_loss_scaler_is_on_exactly_for_fp16(monkeypatch):
     CPU autocast never asks for fp16, so the factory answers as it does on a V100."""
     model = tiny_bert(0)
     handle = apply_method(model, run_config("lora"), T)
-    plain = Stepper.build(model, handle, TrainConfig(), T, torch.device("cpu"))
+    plain = Stepper.build(model, handle, TrainConfig(precision="fp32"), T, torch.device("cpu"))
     assert not plain.scaler.is_enabled() and plain.precision == "fp32"
+    half = Stepper.build(model, handle, TrainConfig(precision="bf16"), T, torch.device("cpu"))
+    assert not half.scaler.is_enabled() and half.precision == "bf16"
     monkeypatch.setattr(step_module, "autocast_factory", lambda p, d: (None, torch.float16))
     monkeypatch.setattr(step_module, "resolve_precision", lambda p, d: "fp16")
     scaled = Stepper.build(model, handle, TrainConfig(), T, torch.device("cpu"))

@@ -164,9 +164,11 @@ def test_base_dtype_casts_only_the_frozen_weights() -> None:
 
 def test_base_dtype_on_cpu() -> None:
     cpu = torch.device("cpu")
-    assert base_dtype(run_config("lora", model={"base_dtype": "auto"}), cpu) is torch.float32
-    assert base_dtype(run_config("lora"), cpu) is torch.float32
+    fp32 = {"precision": "fp32"}  # auto would be bf16 autocast on a CPU with native bf16
+    assert base_dtype(run_config("lora", model={"base_dtype": "auto"}, train=fp32),
+                      cpu) is torch.float32
+    assert base_dtype(run_config("lora", train=fp32), cpu) is torch.float32
     with pytest.raises(ConfigError, match=r"model.base_dtype=bf16 needs mixed precision "
                                           r"\(CUDA, or train.precision=bf16 on a CPU\), but "
                                           r"this run has device cpu"):
-        base_dtype(run_config("lora", model={"base_dtype": "bf16"}), cpu)
+        base_dtype(run_config("lora", model={"base_dtype": "bf16"}, train=fp32), cpu)

@@ -76,7 +76,9 @@ def _ours(method: str, section: dict):
 
 
 def _step_ours(model, handle, batch) -> None:
-    train = TrainConfig(learning_rate=LR, weight_decay=WD, max_grad_norm=0.0)
+    # fp32 as PEFT's twin steps (auto would autocast to bf16 on a CPU with native bf16)
+    train = TrainConfig(learning_rate=LR, weight_decay=WD, max_grad_norm=0.0,
+                        precision="fp32")
     stepper = Stepper.build(model, handle, train, steps=10, device=torch.device("cpu"))
     stepper.backward(batch)
     stepper.update(1)
