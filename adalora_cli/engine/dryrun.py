@@ -87,7 +87,7 @@ def dry_run(cfg: RunConfig) -> DryRun:
         adapter_params=handle.adapter_params,
         head_params=handle.head_params,
         n_matrices=handle.n_matrices,
-        trainable_params=sum(p.numel() for p in handle.trainable),
+        trainable_params=handle.trainable_params,
         total_params=sum(p.numel() for p in model.parameters()),
         method=cfg.method.name,
         model=cfg.model.name_or_path,

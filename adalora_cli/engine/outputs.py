@@ -139,7 +139,7 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
         export=export_facts(cfg, built.model, handle, built.base_gguf),
         data=built.data.info,  # split sizes and sources: what T was computed from
         checkpoint_bytes=checkpoint_bytes,
-        trainable_params=sum(p.numel() for p in handle.trainable),
+        trainable_params=handle.trainable_params,
     )
     allocator = handle.allocator
     if allocator is not None:

@@ -173,6 +173,8 @@ def build_increlora(model: nn.Module, cfg: RunConfig, total_steps: int | None
     layers = replace_linears(model, paths, lambda lin: IncreLoRALinear(
         lin, plan.capacity, ic.init_rank, reserve, ic.alpha, ic.dropout))
     modules = [layer for _, layer in layers]
+    # counted before any growth: a resumed or reloaded run counts what a fresh one does
+    start = sum(layer.counted_parameters() for layer in modules)
     grower = (RankGrower(layers, plan, ic.beta1, ic.beta2, cfg.train.seed)
               if total_steps is not None else None)
     return _fixed_rank(
@@ -180,7 +182,7 @@ def build_increlora(model: nn.Module, cfg: RunConfig, total_steps: int | None
         regularizer=(lambda: born_orthogonality(modules)) if ic.gamma > 0 else None,
         allocator=grower, after_step=grower.step if grower else None,
         kept=[p for layer in modules for p in (layer.born, layer.active)],
-        adapter_count=lambda: sum(layer.counted_parameters() for layer in modules))
+        adapter_count=start)
 
 
 def _bottleneck(model: nn.Module, cfg: RunConfig, kind: type[nn.Module], *,

@@ -191,9 +191,10 @@ class MethodHandle:
     """Frozen tensors the method derived when it was built and its forward depends on,
     which a rebuild could not recompute exactly (PiSSA's principal factors, IncreLoRA's
     ranks); saved and restored with the trainable ones."""
-    adapter_count: Callable[[], int] | None = None
-    """The adapter parameters to count, when not every entry of ``adapter`` is a parameter
-    of the method yet (IncreLoRA allocates room for the ranks it will grow)."""
+    adapter_count: int | None = None
+    """The adapter parameters at the method's initial size, when not every entry of
+    ``adapter`` is a parameter of the method yet (IncreLoRA allocates room for the ranks it
+    will grow; what it keeps at the end is its allocator's ``final_adapter_params``)."""
 
     @property
     def trainable(self) -> list[nn.Parameter]:
@@ -207,7 +208,15 @@ class MethodHandle:
 
     @property
     def adapter_params(self) -> int:
-        return self.adapter_count() if self.adapter_count is not None else count(self.adapter)
+        return self.adapter_count if self.adapter_count is not None else count(self.adapter)
+
+    @property
+    def trainable_params(self) -> int:
+        """What the optimizer trains at the method's initial size: every trainable entry
+        less the room held for ranks not grown yet, so :attr:`adapter_params` plus
+        :attr:`head_params` (the two never share a parameter)."""
+        room = count(self.adapter) - self.adapter_params
+        return count(self.trainable) - room
 
     def optimizer_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
         """``torch.optim`` parameter groups: :attr:`groups`, or all of ``trainable`` at

@@ -107,6 +107,7 @@ class Summary:
     model: str | None = None
     seed: int | None = None
     adapter_params: int | None = None
+    """The adapter at the method's initial size, as the dry run counts it."""
     head_params: int | None = None
     n_matrices: int | None = None
     total_steps: int | None = None

@@ -18,6 +18,7 @@ from adalora_cli.methods.adalora import SVDLinear
 from adalora_cli.methods.adapters import HoulsbyAdapter, PfeifferAdapter
 from adalora_cli.methods.allocator import budget_schedule
 from adalora_cli.methods.lora import LoRALinear
+from adalora_cli.methods.registry import METHODS
 from tests.methods._tiny import FFN, HIDDEN, LABELS, LAYERS, run_config, tiny_batch, tiny_bert
 
 H, F = HIDDEN, FFN
@@ -168,3 +169,17 @@ def test_full_schedule_on_tiny_bert_ends_at_the_budget() -> None:
     expected = sum(r * (layers[p].in_features + layers[p].out_features + 1)
                    for p, r in ranks.items())
     assert handle.allocator.final_adapter_params() == expected
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_trainable_params_are_adapter_plus_head_as_a_dry_run_counts_them(method: str) -> None:
+    """The closing line's ``trained N parameters (A adapter + H head)`` adds up for every
+    method, and a real build (T known: IncreLoRA holds room for the ranks it may grow)
+    counts what a dry run (T unknown: no room) counts entry by entry."""
+    sections = {"adalora": {"budget": 16, "t_init": 4, "delta_t": 2, "t_final": 8},
+                "increlora": {"budget": 24}}  # 12 -> 24 ranks: several growth events
+    dry = tiny_bert()
+    apply_method(dry, run_config(method, **sections), None)
+    trains = sum(p.numel() for p in dry.parameters() if p.requires_grad)
+    handle = apply_method(tiny_bert(), run_config(method, **sections), 32)
+    assert handle.trainable_params == handle.adapter_params + handle.head_params == trains

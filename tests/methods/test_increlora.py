@@ -239,3 +239,30 @@ def test_counts_by_hand_and_the_frozen_masks_travel_with_the_weights():
     loss = model(**tiny_batch()).loss + handle.reg_weight * handle.regularizer()
     loss.backward()  # every ordinary and reserve factor gets a gradient
     assert all(layer.P.grad[:, :2].abs().sum() > 0 for _, layer in handle.layers)
+
+
+def test_a_run_counts_what_trains_as_its_dry_run_does(smoke_runs, in_repo):
+    """The smoke run grows 12 -> 16 ranks over 4 growth events, so every matrix holds room
+    for 6 triplets; what trains is its starting rank 1 plus 1 reserve, and the head."""
+    from safetensors.torch import load_file
+
+    from adalora_cli.cli.train import end_of_run
+    from adalora_cli.config import load_config
+    from adalora_cli.engine.dryrun import dry_run
+    from adalora_cli.rundir.summary import read_summary
+
+    run = smoke_runs("configs/smoke/glue.yaml", "method.name=increlora", "train.max_steps=12",
+                     "train.eval_every=null", "adalora.t_init=1", "adalora.t_final=2",
+                     "adalora.delta_t=1")  # the run tests/artifacts/test_export_baselines.py trains
+    summary = read_summary(run)
+    adapter = 2 * (8 * (HIDDEN + HIDDEN + 1) + 4 * (FFN + HIDDEN + 1))  # 8 attention + 4 FFN
+    head = HIDDEN * 2 + 2  # the classifier of tiny-bert's 2 labels
+    assert (summary.adapter_params, summary.head_params) == (adapter, head)
+    assert summary.trainable_params == adapter + head == 1666
+    assert summary.final_budget == 16
+    P = load_file(str(run / "adapter_model.safetensors"))["bert.encoder.layer.0.output.dense.P"]
+    assert P.shape == (HIDDEN, 6)  # the room: 1 + 1 x (4 events + 1 reserve)
+    cfg = load_config(run / "config.yaml")
+    assert dry_run(cfg).trainable_params == summary.trainable_params
+    assert f"trained {adapter + head:,} parameters ({adapter:,} adapter + {head:,} head)" in (
+        end_of_run(summary))
