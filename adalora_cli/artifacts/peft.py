@@ -47,6 +47,7 @@ from ..methods.lora import LoRALinear
 from ..methods.pissa import PiSSALinear
 from ..methods.registry import METHODS
 from ..rundir.layout import ALLOCATOR_STATE
+from ..rundir.no_code import load_tensors
 from ..rundir.summary import Summary
 from ..tasks.pretrained import load_config
 
@@ -92,7 +93,7 @@ def kept_triplets(run_dir: Path, layers: list[tuple[str, SVDLinear]]) -> dict[st
     state_path = run_dir / ALLOCATOR_STATE
     if not state_path.is_file():
         return {path: torch.ones(layer.r0, dtype=torch.bool) for path, layer in layers}
-    state = torch.load(state_path, map_location="cpu", weights_only=True)
+    state = load_tensors(state_path)
     if list(state["paths"]) != [path for path, _ in layers]:
         raise ConfigError(f"{state_path} was saved for other adapted matrices than the "
                           "run's config builds; the run directory is inconsistent")

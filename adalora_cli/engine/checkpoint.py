@@ -11,6 +11,9 @@ and rows), so a resumed run first cuts off the rows that the killed attempt wrot
 this checkpoint, and the config the run was made with and its digest, so a resume under an
 edited config refuses instead of silently computing another run (see :func:`check_config`).
 
+``state.pt`` holds tensors, numbers, strings and containers only, and is read back
+weights-only (rundir/no_code.py): a checkpoint that came from elsewhere cannot run code.
+
 Files are written into a hidden ``.partial-*`` folder, flushed to disk, and published by one
 ``rename``: a checkpoint appears whole or not at all, and a crash while writing leaves the
 previous one as the latest.
@@ -40,14 +43,19 @@ from ..rundir.layout import CHECKPOINT_SHARDED as SHARDED
 from ..rundir.layout import CHECKPOINT_STATE as STATE
 from ..rundir.layout import CHECKPOINT_TENSORS as TENSORS
 from ..rundir.layout import CHECKPOINTS
+from ..rundir.no_code import PlantedCode, load_tensors, read_dcp_metadata
 from ..rundir.run import follow_umask
 from . import faults
 
 if TYPE_CHECKING:  # annotations only: reading a checkpoint needs no model code
     from .step import Stepper
 
-FORMAT = 2
-"""2: per-rank RNG states, the config and its digest, stream rows."""
+FORMAT = 3
+"""3: numpy's random state as a tensor and numbers, so ``state.pt`` loads weights-only (2:
+per-rank RNG states, the config and its digest, stream rows; numpy's state as an array)."""
+READS = (2, 3)
+"""The formats a resume reads: a format-2 ``state.pt`` is converted as it loads
+(:func:`_from_format_2`), and the run's next checkpoint is written in format 3."""
 
 
 @dataclass
@@ -174,6 +182,8 @@ def newest_readable(run_path: Path, note=lambda text: None
             continue
         try:
             _, state = load_checkpoint(path)
+        except PlantedCode:  # not damage but a file put there: refused, never passed over
+            raise
         except Exception as err:  # any damage: the reader's own words say which
             bad.append(f"{path}: {describe(err)}")
             continue
@@ -262,7 +272,7 @@ def check_config(path: Path, state: dict[str, Any], cfg: RunConfig
 
 # ------------------------------------------------------------------ random number generators
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+    state = {"python": random.getstate(), "numpy": _numpy_state(np.random.get_state()),
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -316,12 +326,36 @@ def rank_rng(states: list[dict[str, Any]], rank: int) -> dict[str, Any]:
     return states[rank % len(states)]
 
 
+def _numpy_state(state: tuple) -> dict[str, Any]:
+    """numpy's legacy RNG state (``np.random.get_state()``: the generator's name, 624 uint32
+    keys, position, Gaussian flag and cached value) as a tensor and plain numbers, which
+    torch's weights-only unpickler reads (a numpy array it refuses)."""
+    name, keys, pos, has_gauss, cached = state
+    return {"name": str(name), "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
+            "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _numpy_tuple(state: dict[str, Any]) -> tuple:
+    return (state["name"], state["keys"].numpy().astype(np.uint32), state["pos"],
+            state["has_gauss"], state["cached_gaussian"])
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    np.random.set_state(_numpy_tuple(state["numpy"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        _set_cuda_rng_states(state["cuda"])
+
+
+def _set_cuda_rng_states(states: list[torch.Tensor]) -> None:
+    """Each visible GPU's generator from the checkpoint's, device by device. A checkpoint
+    keeps one state per GPU that was visible when it was written; resumed where fewer are
+    visible, the devices that exist get theirs (a process trains on its own device, the
+    first one of a single-process run) and the rest are dropped. (torch's
+    ``set_rng_state_all`` indexes a device per saved state and fails there.)"""
+    for index, saved in enumerate(states[:torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(saved, index)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -403,23 +437,41 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     (truncated, damaged) is a ValueError naming it. A sharded one's tensors load only into a
     sharded model (``sharded_checkpoint.load``): here they are ``{}``, once their index has
     been read (a damaged one is unreadable here, as a damaged whole file is)."""
-    # Our own file, written by save_checkpoint: it holds numpy's RNG state, which the
-    # weights-only unpickler refuses.
-    state = _read(path / STATE, lambda f: torch.load(f, map_location="cpu", weights_only=False))
-    if state.get("format") != FORMAT:
-        raise ValueError(f"{path} has checkpoint format {state.get('format')}, "
-                         f"this version reads {FORMAT}")
+    state = read_state(path / STATE)
     if state.get("sharding", "none") == "fsdp":
-        from torch.distributed.checkpoint import FileSystemReader
-
-        _read(path / SHARDED, lambda f: FileSystemReader(str(f)).read_metadata())
+        _read(path / SHARDED, read_dcp_metadata)
         return {}, state
     return _read(path / TENSORS, lambda f: load_file(str(f))), state
+
+
+def read_state(file: Path) -> dict[str, Any]:
+    """A checkpoint's ``state.pt``, weights-only (rundir/no_code.py): a planted pickle is
+    refused (:class:`PlantedCode`) without running; a format-2 one is converted."""
+    def load(f: Path) -> Any:
+        try:
+            return load_tensors(f)
+        except PlantedCode:  # format 2 kept numpy's state as an array: allow just that
+            return load_tensors(f, numpy_arrays=True)
+
+    state = _read(file, load)
+    if not isinstance(state, dict) or state.get("format") not in READS:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{file.parent} has checkpoint format {found}, this version reads "
+                         f"{' and '.join(map(str, READS))}")
+    return _from_format_2(state) if state["format"] == 2 else state
+
+
+def _from_format_2(state: dict[str, Any]) -> dict[str, Any]:
+    """A format-2 state as format 3: numpy's RNG state from its array to tensor and numbers."""
+    rngs = [{**rng, "numpy": _numpy_state(rng["numpy"])} for rng in state["rng"]]
+    return {**state, "format": FORMAT, "rng": rngs}
 
 
 def _read(file: Path, read):
     try:
         return read(file)
+    except PlantedCode:  # never skipped for an older checkpoint: the user must know
+        raise
     except Exception as err:  # noqa: BLE001 - every reader's own error type
         raise ValueError(f"{file.name} cannot be read ({first_line(err)})") from None
 

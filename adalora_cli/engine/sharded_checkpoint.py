@@ -2,11 +2,12 @@
 
 Every process writes its own rows of the trained tensors and of the optimizer state into
 ``checkpoints/step-N/sharded/`` (DCP's ``__<rank>_0.distcp`` files and the ``.metadata``
-index rank 0 writes); no process ever holds them whole. Rank 0 writes ``state.pt`` beside
-them, with everything else a checkpoint keeps (``checkpoint.state_of``: the allocator's
-state is already whole there), and publishes the folder with one rename, as for a whole
-checkpoint (``checkpoint.publish``). The frozen base is not saved: it is the pretrained
-model, loaded again on resume.
+index rank 0 writes); no process ever holds them whole. The index is a pickle, read back
+by an unpickler that knows only DCP's own classes (rundir/no_code.py). Rank 0 writes
+``state.pt`` beside them, with everything else a checkpoint keeps
+(``checkpoint.state_of``: the allocator's state is already whole there), and publishes
+the folder with one rename, as for a whole checkpoint (``checkpoint.publish``). The frozen
+base is not saved: it is the pretrained model, loaded again on resume.
 
 DCP records where each row belongs, not who wrote it, so a checkpoint written by N
 processes loads on any number of processes (at least two: one process runs unsharded).
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import writing
+from ..rundir.no_code import dcp_reader, read_dcp_metadata
 from . import checkpoint as ckpt
 from .distributed import World, broadcast
 
@@ -65,18 +67,18 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None
     ``path`` into the sharded model and its optimizer, whatever number of processes wrote
     it. The rest (``state.pt``) is restored by ``checkpoint.restore``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    folder = str(path / ckpt.SHARDED)
+    folder = path / ckpt.SHARDED
     state = _state(model, optimizer)
     saved = {key.removeprefix("model.") for key in
-             FileSystemReader(folder).read_metadata().state_dict_metadata
+             read_dcp_metadata(folder).state_dict_metadata
              if key.startswith("model.")}
     unknown = sorted(saved - set(state["model"]))
     if unknown:  # DCP would load the tensors asked for and ignore these
         raise ValueError(f"{path} holds tensors this model lacks ({unknown[0]}); it was "
                          "written for another model or method")
-    dcp.load(state, checkpoint_id=folder)
+    # DCP's own reader unpickles its index with pickle.load: ours allows its classes only
+    dcp.load(state, storage_reader=dcp_reader(folder))
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"], options=_options(strict=False))
