@@ -154,7 +154,7 @@ def test_a_checkpoint_without_a_data_record_resumes_with_a_note(killed, baseline
     """Checkpoints written before the record existed cannot be checked: said, not refused."""
     out = killed
     for path in ckpt.checkpoints(out):
-        state = torch.load(path / ckpt.STATE, weights_only=False)
+        state = torch.load(path / ckpt.STATE, weights_only=True)
         assert state["dataset"]["sizes"] == {"train": 64, "validation": 32}
         del state["dataset"]
         torch.save(state, path / ckpt.STATE)
