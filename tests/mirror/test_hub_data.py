@@ -15,9 +15,20 @@ from .conftest import read_jsonl
 pytestmark = pytest.mark.mirror
 
 CONVERSION = "refs/convert/parquet"
-STEPS = ["train.max_steps=3", "train.warmup_steps=1", "adalora.t_init=1", "adalora.delta_t=1",
-         "adalora.t_final=1", "train.eval_every=3", "train.batch_size=4",
-         "task.max_train_samples=8", "task.max_eval_samples=8", "task.max_length=64"]
+SHORT = ["train.max_steps=3", "train.warmup_steps=1", "adalora.t_init=1", "adalora.delta_t=1",
+         "adalora.t_final=1", "train.eval_every=3", "train.batch_size=4", "task.max_length=64"]
+STEPS = [*SHORT, "task.max_train_samples=8", "task.max_eval_samples=8"]
+MAIN_ROWS = {"train": 48, "validation": 24}
+FIRST_ROWS = {"train": 40, "validation": 20}
+"""nyu-mll/glue's rte split sizes on main and at its first parquet commit, an older commit
+with other rows (tests/fixtures/hub/dataset_repos.py): what a pinned revision must read."""
+
+
+def first_parquet_commit(local_hub) -> str:
+    """The id of nyu-mll/glue's "Convert dataset to Parquet", older than main's head."""
+    reader = local_hub.server.hub.repos[("dataset", "nyu-mll/glue")].reader
+    history = reader.commits(local_hub.commit("dataset", "nyu-mll/glue", "main"))
+    return next(c["id"] for c in history if c["title"] == "Convert dataset to Parquet")
 
 
 def load_splits(local_hub, home, **task) -> tuple[dict, str]:
@@ -66,12 +77,13 @@ def test_xsum_is_read_from_the_conversion_with_one_note_every_time(local_hub, tm
 
 
 def test_revision_pins_a_commit_and_the_conversion(local_hub, tmp_path):
-    parquet = local_hub.commit("dataset", "nyu-mll/glue", "main")
-    for revision, path in ((parquet, "rte/train-00000-of-00001.parquet"),
-                           (CONVERSION, "rte/train/0000.parquet")):
+    first = first_parquet_commit(local_hub)
+    assert first != local_hub.commit("dataset", "nyu-mll/glue", "main")
+    for revision, path, rows in ((first, "rte/train-00000-of-00001.parquet", FIRST_ROWS),
+                                 (CONVERSION, "rte/train/0000.parquet", MAIN_ROWS)):
         out, stderr = load_splits(local_hub, tmp_path, name="rte", dataset="nyu-mll/glue",
                                      config="rte", revision=revision)
-        assert out["rows"] == {"train": 48, "validation": 24}
+        assert out["rows"] == rows  # main's are MAIN_ROWS: the pinned commit was read
         assert out["source"] == f"hub nyu-mll/glue/rte@{revision} split train"
         assert not notes(stderr)
         sha = local_hub.commit("dataset", "nyu-mll/glue", revision)
@@ -79,13 +91,16 @@ def test_revision_pins_a_commit_and_the_conversion(local_hub, tmp_path):
 
 
 def test_revision_through_the_cli_is_recorded_in_the_run(local_hub, tmp_path):
+    first = first_parquet_commit(local_hub)
     run = tmp_path / "run"
-    done = local_hub.run("train", "configs/glue/rte.yaml", f"task.revision={CONVERSION}",
-                         *STEPS, "--run-dir", str(run), "--quiet")
+    # every row (no max_*_samples): the run's split sizes say which commit it trained on
+    done = local_hub.run("train", "configs/glue/rte.yaml", f"task.revision={first}", *SHORT,
+                         "--run-dir", str(run), "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["data"]["validation_source"] == (
-        f"hub nyu-mll/glue/rte@{CONVERSION} split validation")
+    data = json.loads((run / "summary.json").read_text())["data"]
+    assert (data["train_examples"], data["validation_examples"]) == (
+        FIRST_ROWS["train"], FIRST_ROWS["validation"])
+    assert data["validation_source"] == f"hub nyu-mll/glue/rte@{first} split validation"
     assert [r for r in read_jsonl(run / "metrics.jsonl") if r.get("split") == "validation"]
 
 
@@ -94,7 +109,7 @@ def test_a_pinned_revision_holding_a_script_is_a_one_line_error(local_hub, tmp_p
         local_hub.commit("dataset", "nyu-mll/glue", "main"))[-1]["id"]  # "Upload glue.py"
     # main's rte already cached: datasets, meeting the old script, would answer from it
     out, _ = load_splits(local_hub, tmp_path, name="rte", dataset="nyu-mll/glue", config="rte")
-    assert out["rows"] == {"train": 48, "validation": 24}
+    assert out["rows"] == MAIN_ROWS
     run = tmp_path / "run"
     done = local_hub.run("train", "configs/glue/rte.yaml", f"task.revision={old}", *STEPS,
                          "--run-dir", str(run), "--quiet", home=tmp_path)
