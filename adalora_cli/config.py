@@ -565,6 +565,10 @@ class LogConfig:
     """AdaLoRA: draw the rank heatmap for the trackers at the first mask event, then at a
     mask event only when this many seconds have passed since the last one, and always at
     the end; 0 draws one at every mask event."""
+    tracker_timeout_s: float = 60.0
+    """The longest the run waits for one tracker call (opening, logging, closing); a tracker
+    that takes longer is dropped with one warning and the run goes on. Once a stop signal is
+    pending, a call gets at most 5 s, so a hung tracker cannot hold a checkpoint back."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "log")
@@ -573,6 +577,8 @@ class LogConfig:
                f"log.to names a tracker twice ({self.to}); list each once")
         _check(self.heatmap_every_s >= 0,
                f"log.heatmap_every_s must be >= 0, got {self.heatmap_every_s}")
+        _check(self.tracker_timeout_s > 0,
+               f"log.tracker_timeout_s must be > 0, got {self.tracker_timeout_s}")
 
 
 @dataclass(frozen=True)

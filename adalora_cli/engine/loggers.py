@@ -14,6 +14,7 @@ from ..config import RunConfig
 from ..errors import warning
 from ..tracking import Trackers
 from .progress import TrainProgress
+from .signals import StopSignals
 from .step import StepLog
 
 
@@ -25,11 +26,14 @@ class RunFiles(Protocol):
     def log_ranks(self, step: int, ranks: dict[str, int]) -> None: ...
 
 
-def open_trackers(cfg: RunConfig, run_dir: Path, *, resumed: bool, main: bool) -> Trackers:
+def open_trackers(cfg: RunConfig, run_dir: Path, *, resumed: bool, main: bool,
+                  stop: StopSignals) -> Trackers:
     """The trackers of ``log.to`` on rank 0 (a resumed run reattaches to its tracker runs);
-    none on the other ranks, which write nothing."""
+    none on the other ranks, which write nothing. A tracker call in progress when ``stop``
+    notes a signal is waited for only briefly, so the stop's checkpoint comes first."""
     if main:
-        return Trackers.open(cfg, run_dir, resumed=resumed, warn=warning)
+        return Trackers.open(cfg, run_dir, resumed=resumed, warn=warning,
+                             stopping=lambda: stop.received is not None)
     return Trackers([], warning, cfg, run_dir)
 
 

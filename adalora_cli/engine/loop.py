@@ -191,7 +191,7 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
                   latest: Path | None, *, resumed: bool, w: World) -> Path:
     trackers = None
     try:
-        trackers = open_trackers(built.cfg, run.path, resumed=resumed, main=w.main)
+        trackers = open_trackers(built.cfg, run.path, resumed=resumed, main=w.main, stop=stop)
         summary = _loop(built, run, stop, quiet or not w.main, latest, trackers, w)
         trackers.log_summary(summary.to_dict() if summary else {})  # finished on close
     except BaseException as caught:

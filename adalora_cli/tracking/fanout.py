@@ -14,8 +14,11 @@ The rank heatmap (paper Figure 3) is drawn at the first mask event, then at a ma
 event only when ``log.heatmap_every_s`` seconds have passed since the last drawing (mask
 events can come every step), and always once at the end from the final rank pattern.
 
-A backend that raises is reported once through ``warn`` and dropped; the others and the
-run directory carry on. Nothing here raises into the training loop after ``open``.
+A backend that raises, or does not answer within ``log.tracker_timeout_s`` (within
+``bounded.STOP_GRACE_S`` once a stop signal is pending), is reported once through ``warn``
+and dropped; the others and the run directory carry on. Every backend call runs on that
+backend's own thread (``bounded.py``), so a hung tracker holds neither the training loop
+nor a stop. Nothing here raises into the training loop after ``open``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ..config import ConfigError, RunConfig, flatten
 from ..errors import describe
 from ..rundir.layout import RANK_PATTERN, TRACKERS
 from .base import Sink, run_info
+from .bounded import Pending, Worker, wait
 
 # tracker name -> module of this package that implements it (its PACKAGES say what it needs)
 BACKENDS = {"tensorboard": "tensorboard_sink", "wandb": "wandb_sink", "mlflow": "mlflow_sink"}
@@ -63,9 +67,13 @@ class Trackers:
     """Fan-out over the selected backends; with none selected every call is a no-op."""
 
     def __init__(self, sinks: list[Sink], warn: Callable[[str], None], cfg: RunConfig,
-                 run_dir: Path):
+                 run_dir: Path, *, stopping: Callable[[], bool] = lambda: False):
         self.sinks = sinks
         self.warn = warn
+        self.timeout = cfg.log.tracker_timeout_s
+        self.stopping = stopping
+        """True once a stop signal is pending: tracker calls then get a short grace."""
+        self.workers: dict[Sink, Worker] = {}  # each sink's thread
         self.run_dir = run_dir
         self.heatmap_every_s = cfg.log.heatmap_every_s
         self.label = f"{cfg.task.name} {cfg.method.name}"
@@ -75,27 +83,35 @@ class Trackers:
 
     @classmethod
     def open(cls, cfg: RunConfig, run_dir: Path, *, resumed: bool,
-             warn: Callable[[str], None]) -> Trackers:
+             warn: Callable[[str], None],
+             stopping: Callable[[], bool] = lambda: False) -> Trackers:
         run_dir = Path(run_dir)
         state = read_state(run_dir) if resumed else {}
-        sinks = []
+        sinks, workers = [], {}
         for name in cfg.log.to:
             info = run_info(cfg, run_dir, resumed, state.get(name))
-            try:
-                sink = _backend(name).open_sink(info)
-            except Exception as err:  # a tracker never stops a run from starting
-                warn(f"{name} could not be opened ({describe(err)}); "
+            worker = Worker(name)
+            call = worker.submit(_backend(name).open_sink, info)
+            why = wait(call.done, cfg.log.tracker_timeout_s, stopping)
+            if why is None and call.error is not None:
+                why = describe(call.error)
+            if why is not None:  # a tracker never stops a run from starting
+                worker.stop()
+                warn(f"{name} could not be opened ({why}); "
                      "logging to the run directory only for it")
                 continue
-            sinks.append(sink)
-            state[name] = sink.state
+            sinks.append(call.value)
+            workers[call.value] = worker
+            state[name] = call.value.state
         if sinks:
             try:
                 (run_dir / TRACKERS).write_text(json.dumps(state, indent=2) + "\n")
             except OSError as err:
                 warn(f"{TRACKERS} could not be written ({describe(err)}); "
                      "a resumed run will start new tracker runs")
-        return cls(sinks, warn, cfg, run_dir)
+        trackers = cls(sinks, warn, cfg, run_dir, stopping=stopping)
+        trackers.workers = workers
+        return trackers
 
     # ------------------------------------------------------------------ the loop's calls
     def log_row(self, row: dict[str, Any]) -> None:
@@ -134,7 +150,9 @@ class Trackers:
     def close(self) -> None:
         for sink in list(self.sinks):
             self._call(sink, "close", self.finished)
-        self.sinks = []
+        for worker in self.workers.values():
+            worker.stop()
+        self.sinks, self.workers = [], {}
 
     # ------------------------------------------------------------------ internals
     def _final_pattern(self) -> dict[str, int] | None:
@@ -158,17 +176,26 @@ class Trackers:
             self._call(sink, method, *args)
 
     def _call(self, sink: Sink, method: str, *args: Any) -> None:
-        try:
-            getattr(sink, method)(*args)
-        except Exception as err:
-            self.sinks.remove(sink)
-            self.warn(f"{sink.name} tracking failed ({describe(err)}); dropped it, "
-                      "the run goes on and its run directory is complete")
-            if method != "close":
-                try:
-                    sink.close(False)
-                except Exception:
-                    pass  # it already failed once; one warning is enough
+        """``sink.method(*args)`` on the sink's thread, waited for a bounded time (a signal
+        handler's exception, raised in this thread while it waits, passes through)."""
+        call = self._bounded(sink, method, *args)
+        if isinstance(call, Pending) and call.error is None:
+            return
+        why = call if isinstance(call, str) else describe(call.error)
+        self.sinks.remove(sink)
+        self.warn(f"{sink.name} tracking failed ({why}); dropped it, "
+                  "the run goes on and its run directory is complete")
+        if method != "close" and isinstance(call, Pending):  # failed, but it answers
+            self._bounded(sink, "close", False)  # it already failed once; one warning
+        self.workers.pop(sink).stop()
+
+    def _bounded(self, sink: Sink, method: str, *args: Any) -> Pending | str:
+        """The call, once made, or why it was not waited for."""
+        if sink not in self.workers:  # a sink handed to the constructor
+            self.workers[sink] = Worker(sink.name)
+        call = self.workers[sink].submit(getattr(sink, method), *args)
+        why = wait(call.done, self.timeout, self.stopping)
+        return call if why is None else why
 
 
 def train_metrics(row: dict[str, Any]) -> dict[str, float]:

@@ -7,11 +7,14 @@ is saved in trackers.json; a resumed run sets the same run back to RUNNING and g
 logging into it. The client is used directly (no global active run), so several runs in
 one process never cross.
 
-Metrics are buffered and sent every ``FLUSH_S`` seconds (or 1,000 metrics) as one
-asynchronous batch (MLflow's own queue and thread): on a SQLite store a call costs tens
-of milliseconds however small, which every step would pay, and AdaLoRA adds one rank per
-matrix at every mask event. Sent batches are waited for as they pile up and all at close,
-so a failure still surfaces here and the tracker is dropped.
+Metrics are buffered and sent every ``FLUSH_S`` seconds (or 1,000 metrics) as one batch
+on a sender thread of this sink: on a SQLite store a call costs tens of milliseconds
+however small, which every step would pay, and AdaLoRA adds one rank per matrix at every
+mask event. Sent batches are waited for as they pile up and all at close, so a failure
+still surfaces here and the tracker is dropped. The sender is a daemon thread, not
+MLflow's own asynchronous queue: the interpreter waits at exit for that queue's threads,
+so a server that stopped answering mid-run held the finished process for as long as
+MLflow retried.
 
 An HTTP tracking server is first asked for ``/health`` with the whole exchange (connect,
 send, the first byte of an answer) bounded by ``CONNECT_S``: MLflow's own client retries an
@@ -27,10 +30,12 @@ import os
 import socket
 import ssl
 import time
+from functools import partial
 from typing import Any
 from urllib.parse import urlparse
 
 from .base import RunInfo, Sink
+from .bounded import Worker
 
 PACKAGES = ("mlflow", "sqlalchemy", "alembic")  # mlflow-skinny plus its SQLite store
 
@@ -99,7 +104,8 @@ class MlflowSink(Sink):
         self.last_step: dict[str, int] | None = None
         self.buffer: list = []  # Metric entities not sent yet
         self.sent_at = time.monotonic()
-        self.pending: list = []  # RunOperations of async log_batch calls
+        self.sender = Worker("mlflow-sender")
+        self.pending: list = []  # log_batch calls handed to the sender
         if info.resumed and saved.get("run_id"):
             self.run_id = saved["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
@@ -131,18 +137,19 @@ class MlflowSink(Sink):
 
     def _send(self) -> None:
         for i in range(0, len(self.buffer), _METRICS):
-            self.pending.append(self.client.log_batch(
-                self.run_id, metrics=self.buffer[i:i + _METRICS], synchronous=False))
+            self.pending.append(self.sender.submit(partial(
+                self.client.log_batch, self.run_id, metrics=self.buffer[i:i + _METRICS],
+                synchronous=True)))
         self.buffer, self.sent_at = [], time.monotonic()
         if len(self.pending) > _PENDING:
             self._wait(_PENDING // 2)
 
     def _wait(self, n: int | None = None) -> None:
-        """Wait for the oldest ``n`` (all) async operations; raises if one failed."""
+        """Wait for the oldest ``n`` (all) sent batches; raises if one failed."""
         count = len(self.pending) if n is None else n
         done, self.pending = self.pending[:count], self.pending[count:]
-        for operations in done:
-            operations.wait()
+        for call in done:
+            call.result()
 
     def _held(self, key: str) -> int:
         """The last step of ``key`` an earlier segment of this run logged (-1: none)."""
@@ -167,6 +174,7 @@ class MlflowSink(Sink):
     def close(self, finished: bool) -> None:
         self._send()
         self._wait()
+        self.sender.stop()
         self.client.set_terminated(self.run_id, status="FINISHED" if finished else "FAILED")
 
 

@@ -6,6 +6,10 @@ is saved in trackers.json; a resumed run reattaches with ``resume="must"`` (onli
 skips steps W&B already holds, so the curve continues. Offline, W&B keeps each segment
 as its own folder under ``<run dir>/wandb/`` with the same run id, and ``wandb sync``
 joins them into one run.
+
+``wandb.init`` waits for W&B's server at most ``log.tracker_timeout_s`` (W&B's
+``init_timeout``). W&B's service process outlives a failed init: at exit the process
+waits for it to shut down (12 s after an init against a server that never answered).
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ class WandbSink(Sink):
             dir=str(info.run_dir), mode=info.log.wandb_mode, config=info.config,
             group=tags.get("sweep"), job_type=_job_type(tags),
             tags=[f"{k}:{v}" for k, v in tags.items()], reinit="create_new",
-            settings=wandb.Settings(console="off"))  # our progress bar stays ours
+            # console off: our progress bar stays ours; W&B's own wait for its server ends
+            # with the run's (its default, 90 s, was longer), so it gives up with its reason
+            settings=wandb.Settings(console="off", init_timeout=info.log.tracker_timeout_s))
         self.state = {"id": self.run.id, "project": self.run.project}
         # W&B refuses steps below the one it holds; a resumed run skips those quietly.
         self.floor = int(self.run.step or 0) if resume else 0
