@@ -15,16 +15,23 @@ import sys
 import typer
 
 from .. import threads
+from . import configs, export, predict, report, sweep, train
 from . import eval as eval_command
-from . import export, predict, report, sweep, train
+from .help import Command, Group
 
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
     help="AdaLoRA and its baselines (Zhang et al., ICLR 2023): train, sweep, report, "
          "export, eval, predict.",
+    epilog="Examples:\n"
+           "  adalora train configs/demo/rotten_tomatoes.yaml\n"
+           "  adalora configs\n"
+           "  adalora train -h\n\n"
+           "Docs: README.md; every command's -h names its page under docs/",
 )
 
 
@@ -58,7 +65,8 @@ COMMANDS = {"train": train.train, "sweep": sweep.sweep, "report": report.report,
 
 for name, command in COMMANDS.items():
     # no arguments beyond the declared ones: a stray word is an error, not ignored
-    app.command(name, context_settings={"allow_extra_args": False})(command)
+    app.command(name, cls=Command, context_settings={"allow_extra_args": False})(command)
+app.add_typer(configs.app, name="configs")
 
 
 if __name__ == "__main__":  # pragma: no cover

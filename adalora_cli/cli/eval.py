@@ -13,15 +13,29 @@ from .boundary import boundary, out, quiet_libraries
 def eval_run(
     run_dir: Path = typer.Argument(..., help="A finished run directory"),
     overrides: list[str] | None = typer.Argument(
-        None, help="task.* overrides, e.g. task.data_files.validation=my_dev.tsv"),
+        None, metavar="KEY=VALUE",
+        help="task.*, train.eval_batch_size, train.device or train.precision, e.g. "
+             "task.data_files.validation=my_dev.tsv"),
     name: str | None = typer.Option(
-        None, "--name", help="Result name: eval/<name>.json (default: the data file's stem, "
+        None, "--name", help="Result name: eval/NAME.json (default: the data file's stem, "
                              "or 'default' for the task's own evaluation splits)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
 ) -> None:
     """Score a finished run again, on its evaluation splits or on other data.
 
-    Writes eval/<name>.json in the run directory; the training results stay as they were."""
+    Writes eval/NAME.json in the run directory; the training results stay as they were.
+    The KEY=VALUE overrides it takes say where the data comes from and how it is read
+    (task.*: task.data_files.validation, task.data_dir, task.max_length, ...) and how the
+    run is scored (train.eval_batch_size, train.device, train.precision); keys that would
+    change the trained model or pick training rows (task.name, task.max_train_samples)
+    are refused.
+
+    Examples:
+      adalora eval runs/rte-adalora-s0-...
+      adalora eval runs/rte-adalora-s0-... task.data_files.validation=dev2.tsv
+      adalora eval runs/rte-adalora-s0-... --name dev2 task.data_dir=data/rte-dev2
+
+    Docs: docs/using-a-run.md"""
     from ..artifacts.rescore import rescore
     from ..tasks.columns import metrics_line
 

@@ -16,7 +16,13 @@ def export(
                             help="peft (PeftModel.from_pretrained loads it) or merged (Delta W "
                                  "folded into the weights: a plain transformers model)"),
 ) -> None:
-    """Export a trained run as a PEFT adapter or a merged transformers model."""
+    """Export a trained run as a PEFT adapter or a merged transformers model.
+
+    Examples:
+      adalora export runs/rte-adalora-s0-... out/rte-peft
+      adalora export runs/rte-adalora-s0-... out/rte-merged --format merged
+
+    Docs: docs/using-a-run.md"""
     from ..artifacts.export import export_run
 
     quiet_libraries()
@@ -34,6 +40,11 @@ def export(
             console.print("note: loading it, PEFT warns that its rank_pattern keys match no "
                           "module (as for its own AdaLoRA adapters; the ranks are applied): "
                           "docs/using-a-run.md says why and how to quiet it", highlight=False)
+        if info.get("labels") is not None:
+            head = ", ".join(info["labels"]) or "a regressor's one output"
+            console.print(f"base_config.json: the base's config with this run's head ({head}); "
+                          "load the base with config=AutoConfig.from_pretrained of it "
+                          "(docs/using-a-run.md)", highlight=False, soft_wrap=True)
     else:
         console.print(f"merged {info['merged_matrices']} matrices into a "
                       f"{info['model_class']}: {info['bytes']:,} bytes", highlight=False,

@@ -11,14 +11,32 @@ from .boundary import boundary, out, quiet_libraries
 
 def predict(
     run_dir: Path = typer.Argument(..., help="A finished run directory"),
-    input_path: Path = typer.Option(..., "--input", "-i",
+    input_path: Path = typer.Option(..., "--input", "-i", metavar="FILE",
                                     help="jsonl/csv/tsv/json/parquet in the task's columns"),
-    output_path: Path = typer.Option(..., "--output", "-o", help="jsonl to write (new file)"),
+    output_path: Path = typer.Option(..., "--output", "-o", metavar="FILE",
+                                     help="jsonl to write (new file)"),
     batch_size: int = typer.Option(32, "--batch-size", help="Rows per batch"),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
-    """Labels and scores (classification), answers (QA) or summaries, one JSON line per row."""
+    """A finished run's predictions for new rows: labels, answers, summaries or replies.
+
+    Reads --input (jsonl, csv, tsv, json or parquet) in the columns the run's task reads
+    and writes --output, one JSON line per row: its id (the file's id column, else the row
+    number) and the prediction, by task family:
+
+      family          reads                               writes
+      classification  its text column(s), e.g. sentence   label, scores
+      regression      its text column(s), e.g. sentence1  score
+      squad           question, context                   answer
+      summarization   its source column, e.g. document    summary
+      causal_lm       prompt, messages or text            response
+
+    Examples:
+      adalora predict runs/sst2-lora-s0-... -i reviews.csv -o labels.jsonl
+      adalora predict runs/squad_v2-adalora-s0-... -i qs.jsonl -o answers.jsonl
+
+    Docs: docs/using-a-run.md"""
     from ..artifacts.predict import predict as predict_rows
 
     quiet_libraries()

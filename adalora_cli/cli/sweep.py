@@ -13,13 +13,13 @@ def sweep(
     source: Path = typer.Argument(
         ..., help="A config (configs/glue/rte.yaml) or a manifest (experiments/table1_glue.yaml)"),
     overrides: list[str] | None = typer.Argument(
-        None, help="key=value overrides applied to every run"),
+        None, metavar="KEY=VALUE", help="Config overrides applied to every run"),
     budget: str | None = typer.Option(
         None, "--budget", help="AdaLoRA final budgets b(T), e.g. 144,288,576; every other "
                                "method gets the matching size (docs/maths.md#budget-levels)"),
     methods: str | None = typer.Option(
-        None, "--methods", help="e.g. adalora,lora,houlsby,pfeiffer,bitfit,full "
-                                "(default: the config's method)"),
+        None, "--methods", help="Methods by name, e.g. adalora,lora,bitfit (default: the "
+                                "config's method)"),
     seeds: str | None = typer.Option(None, "--seeds", help="e.g. 0,1,2 (default: the config's)"),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Runs at once (one GPU each when several "
                                                      "are visible)"),
@@ -32,9 +32,10 @@ def sweep(
         "local", "--launcher", help="local (processes on this machine) or slurm (one "
                                     "submitit job array, one run per task)"),
     slurm: list[str] | None = typer.Option(
-        None, "--slurm", help="SLURM job options, e.g. partition=gpu,time=24:00:00,"
-                              "gpus_per_job=1; also cpus, mem, account, qos, constraint, "
-                              "parallel, signal_delay, requeues, sbatch.<flag>=<value>"),
+        None, "--slurm", metavar="KEY=VALUE,...",
+        help="SLURM job options, e.g. partition=gpu,time=24:00:00; also gpus_per_job, "
+             "cpus, mem, account, qos, constraint, parallel, signal_delay, requeues, "
+             "sbatch.<flag>=<value>"),
     status: bool = typer.Option(
         False, "--status", help="Print every run's state (run directories and the "
                                 "scheduler); submit and train nothing."),
@@ -48,7 +49,16 @@ def sweep(
 
     Re-running the same sweep skips finished runs and resumes unfinished ones from their
     checkpoints; two sweeps on one sweep directory share the runs. On SLURM it submits
-    only what is not finished, running or queued."""
+    only what is not finished, running or queued.
+
+    Examples:
+      adalora sweep experiments/demo_rotten_tomatoes.yaml --jobs 2
+      adalora sweep configs/glue/rte.yaml --methods adalora,lora --budget 144,576
+      adalora sweep experiments/smoke.yaml --dry-run
+      adalora sweep experiments/table1_glue.yaml --launcher slurm
+      adalora sweep experiments/table1_glue.yaml --status
+
+    Docs: docs/sweeps.md"""
     from ..sweep.command import SweepRequest, run_sweep
 
     quiet_libraries()

@@ -22,14 +22,16 @@ def train(
     config: str | None = typer.Argument(
         None, help="YAML config, e.g. configs/glue/rte.yaml (omit with --resume)"),
     overrides: list[str] | None = typer.Argument(
-        None, help="key=value overrides with dotted keys, e.g. method.name=lora lora.r=8"),
+        None, metavar="KEY=VALUE",
+        help="Overrides of the config's keys, dotted, e.g. method.name=lora lora.r=8"),
     run_dir: Path | None = typer.Option(
         None, "--run-dir", help="Output directory (default: runs/<task>-<method>-s<seed>-<time>); "
                                 "must not hold an earlier run."),
     resume: Path | None = typer.Option(
-        None, "--resume", help="Continue this unfinished run directory from its latest "
-                               "checkpoint (its own config; only where-and-how overrides "
-                               "such as train.save_every or train.device are accepted)."),
+        None, "--resume", metavar="RUN_DIR",
+        help="Continue this unfinished run directory from its latest checkpoint (its own "
+             "config; only where-and-how overrides such as train.save_every or train.device "
+             "are accepted)."),
     dry_run: bool = typer.Option(
         False, "--dry-run",
         help="Build model and method, print the parameter table, train nothing."),
@@ -40,9 +42,18 @@ def train(
 ) -> None:
     """Fine-tune one model with one method on one task and write a run directory.
 
+    CONFIG is a YAML file (`adalora configs` lists the shipped ones and copies one to edit).
     Checkpoints go to RUN_DIR/checkpoints every train.save_every steps and on SIGTERM or
     SIGUSR1 (the run is then marked preempted, exit code 75); `adalora train --resume RUN_DIR`
-    continues it exactly where it stopped."""
+    continues it exactly where it stopped.
+
+    Examples:
+      adalora train configs/demo/rotten_tomatoes.yaml
+      adalora train configs/glue/rte.yaml method.name=lora lora.r=8
+      adalora train configs/smoke/glue.yaml --dry-run
+      adalora train --resume runs/rte-adalora-s0-...
+
+    Docs: docs/training.md"""
     from ..engine.command import TrainRequest, run_train
     from ..rundir.owner import die_with_parent
 
