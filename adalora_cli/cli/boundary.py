@@ -36,15 +36,27 @@ from ..errors import (
     describe,
 )
 
+OFF_TERMINAL_WIDTH = 10_000
+"""The width of our output into a pipe or a file: wider than any table we print."""
+
 
 def out() -> Console:  # made per call so redirected or captured streams are honoured
-    # soft_wrap: a line longer than the (80-column, off a terminal) width is never broken,
-    # so a log never splits "accuracy 0.4375" across two lines
-    return Console(soft_wrap=True)
+    return _console(stderr=False)
 
 
 def err() -> Console:
-    return Console(stderr=True, soft_wrap=True)
+    return _console(stderr=True)
+
+
+def _console(stderr: bool) -> Console:
+    # soft_wrap: a line longer than the width is never broken, so a log never splits
+    # "accuracy 0.4375" across two lines. A table has no soft wrap: off a terminal rich
+    # would lay it out in 80 columns (or $COLUMNS), folding run names and squeezing columns
+    # in a file that no terminal width limits; there it gets all the width it needs.
+    console = Console(stderr=stderr, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = OFF_TERMINAL_WIDTH
+    return console
 
 
 def rank0() -> bool:

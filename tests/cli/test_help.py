@@ -1,11 +1,13 @@
 """Every command's help: one notation for what it takes (capitals, no ``<bool>``), examples
 that the parser accepts, a ``Docs:`` page that exists; ``predict --help`` says what each
-task family reads and writes, ``eval --help`` which overrides it takes."""
+task family reads and writes, ``eval --help`` which overrides it takes. And tables written
+off a terminal keep their rows whole."""
 
 from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 import typer
@@ -133,3 +135,37 @@ def test_eval_help_lists_the_overrides_it_takes():
     named = [key + "*" if key.endswith(".") else key for key in ALLOWED]
     assert [key for key in named if key not in text] == []
     assert "(task.name, task.max_train_samples) are refused" in text
+
+
+# ---------------------------------------------------------------------------- wide tables
+# CliRunner's output and pytest's captured stdout are not terminals, like a pipe or a file:
+# there rich laid tables out in 80 columns, folding run names and cells over two lines.
+
+def test_a_report_into_a_pipe_keeps_each_row_on_one_line(tmp_path):
+    from tests.report.test_report import glue_metrics, make_run
+
+    for i, task in enumerate(["mnli", "sst2", "cola", "qqp", "qnli", "rte", "mrpc", "stsb"]):
+        make_run(tmp_path, f"{task}-adalora-s0", task, "adalora", 0,
+                 glue_metrics(task, 0.80 + i / 100), 576)
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.stdout.splitlines() if "AdaLoRA" in line and "(1)" in line]
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    # by hand from glue_metrics: MNLI m/mm 80/81, SST-2 81, CoLA 82, QQP 83/81, QNLI 84,
+    # RTE 85, MRPC 86, STS-B (0.87 + 0.89) / 2; All Ave. 668.5 / 8 = 83.5625
+    assert cells == ["AdaLoRA", "1.00K", "576", *[f"{v}.00 (1)" for v in
+                     (80, 81, 81, 82, 83, 81, 84, 85, 86, 88)], "83.56"]
+
+
+def test_a_status_table_into_a_pipe_keeps_run_names_whole(capsys):
+    from adalora_cli.cli.boundary import out
+    from adalora_cli.sweep.show import print_status
+    from adalora_cli.sweep.status import RunStatus
+
+    name = "cnn_dailymail-adalora-b1536-s2-lr5e-4-warmup3000-beams4"
+    detail = "RuntimeError: CUDA out of memory while generating the validation summaries"
+    print_status([RunStatus(name, "failed", detail), RunStatus("rte-lora-b144-s0", "finished")],
+                 Path("runs/table3"), out())
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if name in line and detail in line and "failed" in line]
+    assert [line for line in lines if "rte-lora-b144-s0" in line and "finished" in line]
