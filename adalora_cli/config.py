@@ -109,6 +109,17 @@ class TaskConfig:
     messages_column: str = "messages"
     """causal_lm: column of chat conversations ([{role, content}, ...], ending with the
     assistant's reply), rendered with the tokenizer's chat template."""
+    format: Literal["auto", "prompt_response", "messages", "text", "alpaca",
+                    "sharegpt"] = "auto"
+    """causal_lm: how rows are read. auto tells by the columns: messages_column, then
+    sharegpt's ``conversations``, then alpaca's ``instruction`` + ``output``, then
+    prompt_column + response_column, then text_column; a named format reads that shape
+    and refuses a file without its columns."""
+    system_prompt: str | None = None
+    """causal_lm: a system message put first in every chat (messages, alpaca and sharegpt
+    rows) that has none of its own; prompt/response and text rows have no place for one.
+    None means the task's own: none for causal_lm, the LLM demo's "You sort BBC News
+    articles by topic." for bbc_topic_chat's chats; "" means none."""
     train_on_prompt: bool = False
     """causal_lm: also compute the loss on prompt tokens (default: response tokens only)."""
     packing: bool = False

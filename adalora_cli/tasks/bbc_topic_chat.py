@@ -13,6 +13,7 @@ Each article becomes one conversation, rendered with the model's own chat templa
                <the article's one-sentence lead>
     assistant  sport
 
+The system message is ``task.system_prompt``: the one above when unset, none when ``""``.
 A lead is one sentence for all but 15 articles, whose "lead" is a paragraph of up to 223
 words; a lead is cut to its first :data:`LEAD_WORDS` words, so that every prompt fits in 128
 tokens.
@@ -43,29 +44,31 @@ from .bbc_topic import TOPICS, topic_label
 from .causal_lm import CausalLMTask
 
 SYSTEM = "You sort BBC News articles by topic."
+"""The demo chats' system message when task.system_prompt is unset."""
 QUESTION = ("Which topic is this article about: business, entertainment, politics, sport or "
             "tech? Answer with one word.")
 LEAD_WORDS = 50
 """Longest lead kept, in words (13 train and 2 validation leads are longer)."""
 
 
-def chat(lead: str, topic: str | None = None) -> list[dict[str, str]]:
-    """The conversation for one lead; with ``topic``, the assistant's reply closes it."""
+def chat(lead: str, topic: str | None = None, system: str = SYSTEM) -> list[dict[str, str]]:
+    """The conversation for one lead, opened by ``system`` (none when empty); with
+    ``topic``, the assistant's reply closes it."""
     lead = " ".join(lead.split()[:LEAD_WORDS])
-    turns = [{"role": "system", "content": SYSTEM},
-             {"role": "user", "content": f"{QUESTION}\n\n{lead}"}]
+    turns = [{"role": "system", "content": system}] if system else []
+    turns.append({"role": "user", "content": f"{QUESTION}\n\n{lead}"})
     return turns + ([{"role": "assistant", "content": topic}] if topic is not None else [])
 
 
-def load_chats() -> dict[str, datasets.Dataset]:
+def load_chats(system: str = SYSTEM) -> dict[str, datasets.Dataset]:
     """``{"train", "validation"}`` with columns ``id`` (``<topic folder>/<nnn>``) and
     ``messages``, in topic/file order, split as every BBC demo is."""
     out = {}
     for split, ds in bbc_news.load_corpus().items():
         ids, leads = list(ds["id"]), list(ds["summary"])
         topics = [TOPICS[topic_label(i.split("/")[0])] for i in ids]
-        out[split] = datasets.Dataset.from_dict(
-            {"id": ids, "messages": [chat(lead, t) for lead, t in zip(leads, topics)]})
+        out[split] = datasets.Dataset.from_dict({"id": ids, "messages": [
+            chat(lead, t, system) for lead, t in zip(leads, topics)]})
     return out
 
 
@@ -78,8 +81,12 @@ class BbcTopicChatTask(CausalLMTask):
         task = self.cfg.task
         return bool(task.data_files or task.data_dir or task.dataset)
 
+    def _system(self) -> str:
+        system = self.cfg.task.system_prompt
+        return SYSTEM if system is None else system
+
     def raw_splits(self) -> dict[str, datasets.Dataset]:
-        return super().raw_splits() if self._local() else load_chats()
+        return super().raw_splits() if self._local() else load_chats(self._system())
 
     def where(self, split: str) -> str:
         if self._local():
@@ -94,7 +101,8 @@ class BbcTopicChatTask(CausalLMTask):
         if task.text_column in columns and not {task.messages_column,
                                                  task.prompt_column} & set(columns):
             ds = datasets.Dataset.from_dict({task.messages_column: [
-                chat("" if x is None else str(x)) for x in ds[task.text_column]]})
+                chat("" if x is None else str(x), system=self._system())
+                for x in ds[task.text_column]]})
         return super().predict_rows(model, tokenizer, ds, device)
 
 

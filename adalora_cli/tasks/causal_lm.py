@@ -2,13 +2,15 @@
 rows: local JSONL/CSV/Parquet (``task.data_dir`` or ``task.data_files``) or a hub dataset
 (``task.dataset``) with ``train`` and ``validation`` splits.
 
-Rows are ``text``, ``prompt`` + ``response`` or chat ``messages`` (:mod:`.causal_lm_data`);
-the loss covers response tokens only by default. Evaluation is the validation loss (mean
-cross-entropy per target token, the same tokens the training loss counts) and its
-perplexity ``exp(loss)``; with ``task.max_new_tokens > 0`` every prompted row also gets a
-greedy continuation, scored against the reference response by exact match (x 100, after
-stripping surrounding whitespace) and ROUGE-L F x 100, and written to ``predictions.jsonl``
-(id, prompt, prediction, reference) by :meth:`CausalLMTask.save_predictions`.
+Rows are ``text``, ``prompt`` + ``response``, chat ``messages``, sharegpt ``conversations`` or
+alpaca ``instruction`` + ``output`` (:mod:`.causal_lm_data`; told by the columns or named by
+``task.format``); the loss covers response tokens only by default. Evaluation is the
+validation loss (mean cross-entropy per target token, the same tokens the training loss
+counts) and its perplexity ``exp(loss)``; with ``task.max_new_tokens > 0`` every prompted
+row also gets a greedy continuation, scored against the reference response by exact match
+(x 100, after stripping surrounding whitespace) and ROUGE-L F x 100, and written to
+``predictions.jsonl`` (id, prompt, prediction, reference) by
+:meth:`CausalLMTask.save_predictions`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .causal_lm_data import (
     pad_right,
     row_shape,
     usable_rows,
+    with_system,
 )
 from .pretrained import from_pretrained, load_config, load_tokenizer
 
@@ -257,7 +260,8 @@ class CausalLMTask(Task):
                                   f"template; give a {task.prompt_column!r} column instead")
             # rows come in batches, so a row number here would be the batch's: the bad value
             # is quoted instead
-            chats = [check_messages(m, "the input") for m in ds[task.messages_column]]
+            chats = [with_system(check_messages(m, "the input"), task.system_prompt)
+                     for m in ds[task.messages_column]]
             prompts = [tokenizer(tokenizer.apply_chat_template(
                 m, tokenize=False, add_generation_prompt=True),
                 add_special_tokens=False)["input_ids"] for m in chats]

@@ -1,14 +1,27 @@
 """Rows of your own data as token ids and labels for a decoder-only model.
 
-Three row shapes, recognised by their columns (names configurable, see ``task.*_column``):
+Five row shapes, recognised by their columns (``task.format: auto``, in this order) or named
+by ``task.format`` (the first three's column names are configurable, see ``task.*_column``):
 
 - ``messages``: a chat, ``[{role, content}, ...]`` ending with the assistant's reply,
   rendered with the tokenizer's chat template. The prompt is the conversation before the
   last reply with the template's generation prompt; the response is the rest of the rendered
   text (the reply and whatever the template closes it with, e.g. an end-of-turn token).
+- sharegpt: ``conversations``, ``[{from, value}, ...]`` with ``from`` human, gpt or system
+  (user and assistant also read), and an optional ``system`` column: the same chat as
+  ``messages`` with the roles renamed, ending with a gpt turn.
+- alpaca: ``instruction``, an optional ``input``, ``output``, and optional ``system`` and
+  ``history`` (``[[instruction, output], ...]`` of earlier turns) columns, read as
+  LLaMA-Factory reads them: the user turn is the instruction and the input joined by one
+  newline (an empty input adds nothing), the assistant's reply is the output; then rendered
+  as a chat. Stanford Alpaca's own "Below is an instruction ..." prompt is not added: the
+  chat template frames the turn instead.
 - ``prompt`` + ``response``: the prompt is tokenized as the tokenizer frames a text (Llama
   prepends ``<s>``, GPT-2 adds nothing), the response follows it and ends with EOS.
 - ``text``: one plain text, then EOS; every token is a target.
+
+Chats of every shape learn only their last reply, earlier turns being context, and
+``task.system_prompt`` opens every chat that has no system turn of its own.
 
 Labels are the input ids with prompt positions set to -100 (ignored by cross-entropy), so the
 loss covers response tokens only unless ``task.train_on_prompt``; the model shifts labels
@@ -26,6 +39,7 @@ one shape and dropping the other is never what was meant.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,28 +53,70 @@ LABEL_PAD = -100
 
 @dataclass(frozen=True)
 class Shape:
-    """Which columns a split's rows use: ``kind`` is messages, pair or text."""
+    """Which columns a split's rows use: ``kind`` is messages, sharegpt, alpaca, pair or
+    text; ``columns`` are those every row of the kind needs."""
 
     kind: str
     columns: tuple[str, ...]
 
 
+KINDS = {"messages": "messages", "sharegpt": "sharegpt", "alpaca": "alpaca",
+         "prompt_response": "pair", "text": "text"}
+"""``task.format`` -> shape kind, in the order ``auto`` tries them."""
+CHATS = ("messages", "sharegpt", "alpaca")
+"""The kinds rendered with the tokenizer's chat template."""
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant",
+                  "assistant": "assistant", "system": "system"}
+"""A sharegpt turn's ``from`` -> the chat role the template knows."""
+
+
+def needed(kind: str, task: TaskConfig) -> tuple[str, ...]:
+    """The columns every row of a kind needs."""
+    return {"messages": (task.messages_column,), "sharegpt": ("conversations",),
+            "alpaca": ("instruction", "output"),
+            "pair": (task.prompt_column, task.response_column),
+            "text": (task.text_column,)}[kind]
+
+
 def row_shape(columns: list[str], task: TaskConfig, where: str) -> Shape:
-    """The row shape of a table from its column names; neither shape is a one-line error."""
-    if task.messages_column in columns:
-        return Shape("messages", (task.messages_column,))
-    if task.prompt_column in columns and task.response_column in columns:
-        return Shape("pair", (task.prompt_column, task.response_column))
-    if task.text_column in columns:
-        return Shape("text", (task.text_column,))
-    raise ConfigError(
-        f"{where} has neither a {task.text_column!r} column nor {task.prompt_column!r} + "
-        f"{task.response_column!r} (nor {task.messages_column!r}); it has "
-        f"{', '.join(columns) or 'no columns'}; rename its columns or set task.text_column, "
-        "task.prompt_column / task.response_column or task.messages_column")
+    """The row shape of a table, named by ``task.format`` or told by its column names; a
+    table without the columns of one is a one-line error."""
+    have = f"it has {', '.join(columns) or 'no columns'}"
+    if task.format != "auto":
+        kind = KINDS[task.format]
+        missing = [c for c in needed(kind, task) if c not in columns]
+        if missing:
+            raise ConfigError(
+                f"{where} has no {missing[0]!r} column, which task.format={task.format} "
+                f"reads ({' + '.join(needed(kind, task))}); {have}; rename its columns, or "
+                "set task.format=auto to tell the format by the columns")
+    else:
+        kind = next((k for k in KINDS.values()
+                     if all(c in columns for c in needed(k, task))), None)
+        if kind is None and "instruction" in columns:
+            raise ConfigError(
+                f"{where} has an 'instruction' column but no 'output', the reply an alpaca "
+                f"row teaches (instruction, optional input, output); {have}; add the "
+                "replies as 'output'")
+        if kind is None:
+            raise ConfigError(
+                f"{where} has neither a {task.text_column!r} column nor "
+                f"{task.prompt_column!r} + {task.response_column!r} (nor "
+                f"{task.messages_column!r}, sharegpt's 'conversations' or alpaca's "
+                f"'instruction' + 'output'); {have}; rename its columns or set "
+                "task.text_column, task.prompt_column / task.response_column or "
+                "task.messages_column")
+    if task.system_prompt and kind not in CHATS:
+        raise ConfigError(
+            f"{where} holds {SHAPE_WORDS[kind]} rows, which are used verbatim with no place "
+            "for task.system_prompt; put the system text into the prompts (and drop "
+            "task.system_prompt), or give the rows as chats (messages, alpaca or sharegpt)")
+    return Shape(kind, needed(kind, task))
 
 
-SHAPE_WORDS = {"messages": "chat messages", "pair": "prompt + response", "text": "text"}
+SHAPE_WORDS = {"messages": "chat messages", "sharegpt": "sharegpt conversations",
+               "alpaca": "alpaca (instruction + output)", "pair": "prompt + response",
+               "text": "text"}
 
 
 def _present(value: Any) -> bool:
@@ -79,8 +135,11 @@ def _present(value: Any) -> bool:
 def lacks(kind: str, row: dict[str, Any], task: TaskConfig) -> str | None:
     """The column a row of shape ``kind`` has nothing in (None: the row is whole). An empty
     prompt is allowed (the response is then learned unconditioned); a null one is not."""
-    if kind == "messages":
-        return None if _present(row.get(task.messages_column)) else task.messages_column
+    if kind in ("messages", "sharegpt"):
+        (column,) = needed(kind, task)
+        return None if _present(row.get(column)) else column
+    if kind == "alpaca":  # LLaMA-Factory's two required columns
+        return next((c for c in ("instruction", "output") if not _present(row.get(c))), None)
     if kind == "pair":
         prompt = row.get(task.prompt_column)
         if prompt is None or (isinstance(prompt, float) and math.isnan(prompt)):
@@ -91,7 +150,7 @@ def lacks(kind: str, row: dict[str, Any], task: TaskConfig) -> str | None:
 
 def _shape_of_values(row: dict[str, Any], task: TaskConfig) -> str | None:
     """The shape a single row's values have, whatever the file's columns say."""
-    for kind in ("messages", "pair", "text"):
+    for kind in KINDS.values():
         if lacks(kind, row, task) is None:
             return kind
     return None
@@ -116,11 +175,17 @@ def usable_rows(rows: list[dict[str, Any]], shape: Shape, task: TaskConfig,
         else:
             lacking.setdefault(column, []).append(i + 1)
     if others:
-        first, kind = others[0]
-        theirs = (f"row {first} is" if len(others) == 1
-                  else f"{len(others)} rows (the first is row {first}) are")
+        # the file's shape is what most rows hold: the columns alone name the first kind
+        # present, which one sharegpt row among alpaca rows would make the file's
+        kinds = dict.fromkeys(range(1, len(rows) + 1), shape.kind) | dict(others)
+        counts = Counter(kinds.values())
+        main = max(counts, key=lambda k: (counts[k], k == shape.kind))
+        odd = [(i, kind) for i, kind in kinds.items() if kind != main]
+        first, kind = odd[0]
+        theirs = (f"row {first} is" if len(odd) == 1
+                  else f"{len(odd)} rows (the first is row {first}) are")
         raise ConfigError(
-            f"{where} mixes row shapes: its rows are {SHAPE_WORDS[shape.kind]}, "
+            f"{where} mixes row shapes: its rows are {SHAPE_WORDS[main]}, "
             f"but {theirs} {SHAPE_WORDS[kind]}; keep one shape per file, or rewrite those "
             "rows in the file's shape")
     if not lacking:
@@ -144,12 +209,73 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _chat_parts(tokenizer: Any, messages: Any, where: str) -> tuple[str, str, str]:
+def chat_of(kind: str, row: dict[str, Any], task: TaskConfig,
+            where: str) -> list[dict[str, Any]]:
+    """The conversation a chat-shaped row holds, as ``{role, content}`` turns, opened by
+    task.system_prompt when it has no system turn of its own."""
+    if kind == "messages":
+        turns = check_messages(row[task.messages_column], where)
+    elif kind == "sharegpt":
+        turns = _sharegpt_turns(row, where)
+    else:
+        turns = _alpaca_turns(row, where)
+    return with_system(turns, task.system_prompt)
+
+
+def with_system(turns: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+    """``turns`` opened by a system turn of ``system``, unless empty or it has one."""
+    if not system or turns[0].get("role") == "system":
+        return turns
+    return [{"role": "system", "content": system}, *turns]
+
+
+def _sharegpt_turns(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    conversation = row["conversations"]
+    bad: Any = conversation
+    if not isinstance(conversation, (str, bytes)) and hasattr(conversation, "__iter__"):
+        bad = next((t for t in conversation if not isinstance(t, dict)
+                    or t.get("from") is None or "value" not in t), None)
+    if bad is not None:
+        if isinstance(bad, dict):  # a table gives every turn every key any turn has
+            bad = {k: v for k, v in bad.items() if v is not None}
+        raise ConfigError(f"{where}: sharegpt conversations must be a list of {{\"from\": "
+                          f"..., \"value\": ...}} objects, got {str(bad)[:40]!r}")
+    turns = []
+    for j, turn in enumerate(conversation, start=1):
+        role = SHAREGPT_ROLES.get(str(turn["from"]))
+        if role is None:
+            raise ConfigError(f"{where}: turn {j} is from {str(turn['from'])!r}; sharegpt turns "
+                              "are read from human, gpt or system (user and assistant too; "
+                              "tool turns are not read); rewrite or drop the row")
+        turns.append({"role": role, "content": _text(turn["value"])})
+    if turns[-1]["role"] != "assistant":
+        raise ConfigError(f"{where}: a sharegpt conversation must end with a 'gpt' turn, the "
+                          "reply the model learns to write")
+    system = row.get("system")  # LLaMA-Factory's system column, when no turn is one
+    return with_system(turns, str(system) if _present(system) else None)
+
+
+def _alpaca_turns(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    turns = []
+    if _present(row.get("system")):
+        turns.append({"role": "system", "content": str(row["system"])})
+    history = row.get("history")
+    for pair in (history if _present(history) else []):
+        if (isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2
+                or not all(isinstance(x, str) for x in pair)):
+            raise ConfigError(f"{where}: alpaca history must be a list of [instruction, "
+                              f"output] pairs of texts, got {str(pair)[:40]!r}")
+        turns += [{"role": "user", "content": pair[0]},
+                  {"role": "assistant", "content": pair[1]}]
+    # LLaMA-Factory's join: "instruction\ninput", an empty input adding nothing
+    query = "\n".join(str(row[c]) for c in ("instruction", "input") if _present(row.get(c)))
+    return turns + [{"role": "user", "content": query},
+                    {"role": "assistant", "content": str(row["output"])}]
+
+
+def _chat_parts(tokenizer: Any, messages: list[dict[str, Any]],
+                where: str) -> tuple[str, str, str]:
     """(prompt text, response text, reply) of one chat rendered by the template."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"{where} holds chat messages but the tokenizer has no chat "
-                          "template; give prompt and response columns instead")
-    messages = check_messages(messages, where)
     if messages[-1].get("role") != "assistant":
         raise ConfigError(f"{where}: a conversation must end with the assistant's reply "
                           "(role 'assistant'), which is what the model learns to write")
@@ -190,8 +316,11 @@ def encode_row(tokenizer: Any, shape: Shape, row: dict[str, Any], task: TaskConf
     elif shape.kind == "pair":
         reference = _text(row[shape.columns[1]])
         prompt, response = ids(_text(row[shape.columns[0]]), True), ids(reference, False) + eos
-    else:  # the template writes every special token itself
-        p, r, reference = _chat_parts(tokenizer, row[shape.columns[0]], where)
+    else:  # a chat: the template writes every special token itself
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(f"{where} holds {SHAPE_WORDS[shape.kind]} but the tokenizer has "
+                              "no chat template; give prompt and response columns instead")
+        p, r, reference = _chat_parts(tokenizer, chat_of(shape.kind, row, task, where), where)
         prompt, response = ids(p, False), ids(r, False)
     room = task.max_length - len(prompt)
     if room < 1:

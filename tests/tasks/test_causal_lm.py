@@ -185,7 +185,8 @@ def test_rows_with_neither_text_nor_prompt_response(tmp_path, in_repo) -> None:
     data = _write(tmp_path / "d", json.dumps({"question": "a", "answer": "b"}) + "\n")
     line = _train_fails(tmp_path, f"task.data_dir={data}")
     assert line == (f"error: {data}/train.jsonl has neither a 'text' column nor 'prompt' + "
-                    "'response' (nor 'messages'); it has question, answer; rename its columns "
+                    "'response' (nor 'messages', sharegpt's 'conversations' or alpaca's "
+                    "'instruction' + 'output'); it has question, answer; rename its columns "
                     "or set task.text_column, task.prompt_column / task.response_column or "
                     "task.messages_column")
     # ... which the column settings fix
