@@ -132,12 +132,13 @@ def interrupted_run(where) -> str:
     """What a second Ctrl-C left behind, truthfully: a resume continues from the latest
     checkpoint, or starts over from step 0 when there is none."""
     from ..engine.checkpoint import latest_checkpoint
+    from ..rundir.run import resume_hint
 
-    latest = latest_checkpoint(where)
+    latest, resume = latest_checkpoint(where), resume_hint(where)
     if latest is None:
         return (f"interrupted; {where} is marked failed and has no checkpoint yet (a "
-                f"resume, adalora train --resume {where}, starts it over from step 0)")
-    return (f"interrupted; {where} is marked failed; adalora train --resume {where} "
+                f"resume, {resume}, starts it over from step 0)")
+    return (f"interrupted; {where} is marked failed; {resume} "
             f"continues from its last checkpoint (step {int(latest.name[5:])})")
 
 

@@ -66,6 +66,9 @@ def run_train(req: TrainRequest, note=lambda text: None) -> TrainOutcome:
 
         RunDir.check_claimable(req.resume)
         cfg = resume_config(req.resume / CONFIG, extra)
+        # under --nproc before any rank starts (each would refuse only once built)
+        check_resume(req.resume, cfg, req.nproc if req.nproc != 1 else
+                     int(os.environ.get("WORLD_SIZE") or 1))
     else:
         if req.config is None:
             raise ConfigError("pass a config (adalora train configs/glue/rte.yaml) or "
@@ -109,6 +112,35 @@ def _launch_ranks(nproc: int, cfg: RunConfig, argv: list[str]) -> int:
         elif not arg.startswith("--nproc="):
             args.append(arg)
     return launch(nproc, ["train", *args])
+
+
+def check_resume(run: Path, cfg: RunConfig, processes: int) -> None:
+    """Refuse a resume of ``run`` that its newest checkpoint cannot take on ``processes``
+    processes under ``cfg``, naming the command that can.
+
+    A sharded checkpoint resumes only sharded, on several processes (without ``--nproc``
+    the FSDP check would suggest train.sharding=none, which that checkpoint refuses); a
+    whole one only whole (``checkpoint.check_sharding``)."""
+    from ..methods.registry import method_spec
+    from ..rundir.run import resume_command
+    from .checkpoint import check_sharding, newest_readable, saved_world_size
+
+    # A method that saves the whole model never runs sharded, and its checkpoint (the model
+    # and its optimizer state) is too large to read here only for the run to read it again.
+    if method_spec(cfg.method.name).saves_whole_model:
+        return
+    found = newest_readable(run)  # damage is noted when the run reads it again
+    if found is None:  # no checkpoint: the run starts over under whatever cfg says
+        return
+    path, state = found
+    sharded = cfg.train.sharding == "fsdp"
+    if state.get("sharding") == "fsdp" and (processes < 2 or not sharded):
+        n = max(2, saved_world_size(state))
+        keep = [] if sharded else ["train.sharding=fsdp"]
+        raise ConfigError(f"{path.name} of {run} was written sharded (train.sharding=fsdp) by "
+                          f"{n} processes and resumes only sharded, on 2 or more; resume it "
+                          f"with {resume_command(run, n, keep)}")
+    check_sharding(path, state, cfg)
 
 
 def check_gpus(nproc: int, device: torch.device) -> None:

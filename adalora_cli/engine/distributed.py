@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from ..config import ConfigError
 from ..errors import RankDied
+from ..rundir.run import resume_command
 
 TIMEOUT = datetime.timedelta(hours=int(os.environ.get("ADALORA_DIST_TIMEOUT_HOURS", "6")))
 """How long ranks wait for each other, e.g. while rank 0 evaluates a large split."""
@@ -220,5 +221,5 @@ def rank_died(err: BaseException, w: World, run_dir: Any = None) -> RankDied | N
     return RankDied(f"another process of this {w.size}-process run died ({cause}), so rank "
                     f"{w.rank} stopped too; that process's own output (or the kernel log, "
                     "for the out-of-memory killer) says why"
-                    + (f"; adalora train --resume {run_dir} --nproc {w.size} continues the run"
+                    + (f"; {resume_command(run_dir, w.size)} continues the run"
                        if run_dir is not None else ""))

@@ -25,7 +25,13 @@ from torch.utils.data import DataLoader
 from ..config import ConfigError, RunConfig, dump_config
 from ..errors import Preempted, RunBusy, first_line, warning
 from ..rundir.layout import CONFIG
-from ..rundir.run import RunDir, default_run_dir, read_metrics, write_text_atomic
+from ..rundir.run import (
+    RunDir,
+    default_run_dir,
+    read_metrics,
+    resume_command,
+    write_text_atomic,
+)
 from ..rundir.summary import Summary
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
@@ -72,7 +78,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
         try:
             # built.cfg: b(T) written out when the config gave adalora.target_rank
             run = _on_rank0(w, lambda: RunDir.create(run_dir or default_run_dir(cfg),
-                                                     built.cfg))
+                                                     built.cfg, processes=w.size))
             done = _own(built, run, stop, quiet, None, resumed=False, w=w)
             leave_together(w)
             return done
@@ -106,7 +112,7 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
         init(w, built.device.type)
 
         def reopen() -> RunDir:
-            run = RunDir.reopen(path)
+            run = RunDir.reopen(path, processes=w.size)
             write_text_atomic(path / CONFIG, dump_config(cfg))
             run.latest = found[0] if found else None
             if run.latest is None:
@@ -268,7 +274,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
 
     def stopped(why: str | None) -> Preempted:
         return Preempted(f"stopped by {why or 'a signal to another process'} at step "
-                         f"{pos.step}; resume with adalora train --resume {run.path}",
+                         f"{pos.step}; resume with {resume_command(run.path, w.size)}",
                          step=pos.step)
 
     def boundary(eval_due: bool, synced: bool) -> None:

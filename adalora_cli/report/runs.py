@@ -32,7 +32,7 @@ from ..rundir.layout import (
     WANDB_DIR,
 )
 from ..rundir.owner import owner_alive, read_heartbeat
-from ..rundir.run import RunDir
+from ..rundir.run import RunDir, resume_hint
 from ..rundir.summary import Summary, TaskReport, read_summary
 from ..tasks.columns import task_report, with_directions
 
@@ -143,7 +143,7 @@ def _size(summary: Summary, cfg: RunConfig | None, level: int | None) -> str:
 def unfinished_reason(path: Path, status: dict) -> str:
     """Why a run is not in the tables, and what to do: still running, or resumable."""
     state = status.get("status")
-    resume = f"; resume with adalora train --resume {path}"
+    resume = f"; resume with {resume_hint(path, status)}"
     if state == "running":
         alive, why = owner_alive(path)  # a dead owner leaves 'running' behind
         if alive:

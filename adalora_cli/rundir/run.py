@@ -14,7 +14,8 @@ import fcntl
 import json
 import math
 import os
-from collections.abc import Iterator
+import shlex
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -119,8 +120,9 @@ class RunDir:
         self._rows: dict[str, int] = {}  # rows in each stream (what a checkpoint records)
 
     @classmethod
-    def create(cls, path: str | Path, cfg: RunConfig) -> RunDir:
-        """Claim a new, empty directory for a run and write its config."""
+    def create(cls, path: str | Path, cfg: RunConfig, processes: int = 1) -> RunDir:
+        """Claim a new, empty directory for a run and write its config. ``processes``: how
+        many run it, recorded so that every resume hint names them (:func:`resume_hint`)."""
         from .owner import identity, owner_alive
 
         path = Path(path)
@@ -135,7 +137,8 @@ class RunDir:
                 raise ConfigError(_occupied(path))
             run = cls(path)
             # status first: a directory with a status and no config reads as holding no run
-            run._write_status({"status": "running", "started": _now(), **identity()})
+            run._write_status({"status": "running", "started": _now(),
+                               "processes": processes, **identity()})
             try:
                 write_text_atomic(path / CONFIG, dump_config(cfg))
             except OSError as err:  # e.g. a full disk: say so in the status, then stop
@@ -162,8 +165,9 @@ class RunDir:
             raise RunBusy(f"run {path} is being run by {why}")
 
     @classmethod
-    def reopen(cls, path: str | Path) -> RunDir:
-        """Claim an unfinished run (preempted, failed, or running with a dead owner)."""
+    def reopen(cls, path: str | Path, processes: int = 1) -> RunDir:
+        """Claim an unfinished run (preempted, failed, or running with a dead owner) for
+        ``processes`` processes."""
         from .owner import identity
 
         path = Path(path)
@@ -173,7 +177,8 @@ class RunDir:
             previous = run.read_status(path) or {}
             attempt = int(previous.get("attempt", 1)) + 1
             run._write_status({"status": "running", "started": previous.get("started", _now()),
-                               "resumed": _now(), "attempt": attempt, **identity()})
+                               "resumed": _now(), "attempt": attempt,
+                               "processes": processes, **identity()})
         return run
 
     # ---------------------------------------------------------------- status
@@ -370,10 +375,33 @@ def _occupied(path: Path) -> str:
         return (f"{new} and holds a finished run; choose another --run-dir (runs are never "
                 "overwritten)")
     if (path / CONFIG).is_file() and (path / STATUS).is_file():
-        return (f"{new} and holds an unfinished run; continue it with adalora train --resume "
-                f"{path}, or choose another --run-dir (runs are never overwritten)")
+        return (f"{new} and holds an unfinished run; continue it with {resume_hint(path)}, "
+                "or choose another --run-dir (runs are never overwritten)")
     return (f"{new} and is not empty; choose another --run-dir (runs are never "
             "overwritten)")
+
+
+def resume_command(path: str | Path, processes: int = 1, overrides: Iterable[str] = ()
+                   ) -> str:
+    """The command that continues the unfinished run in ``path``, as every hint prints it
+    (a stopped run's error line, status.json, the report, a refusal).
+
+    A run of several processes is resumed on as many (``--nproc N``): a sharded checkpoint
+    (``train.sharding=fsdp``) resumes only on several processes, and a DDP one resumes
+    exactly only on the number that wrote it. ``overrides``: key=value settings the command
+    must carry (say ``train.sharding=fsdp``, where the run's config no longer says it)."""
+    words = ["adalora", "train", "--resume", str(path), *overrides]
+    if processes > 1:
+        words += ["--nproc", str(processes)]
+    return " ".join(shlex.quote(word) for word in words)  # copied into a shell as printed
+
+
+def resume_hint(path: str | Path, status: dict[str, Any] | None = None) -> str:
+    """:func:`resume_command` for a run directory, on the processes its ``status.json``
+    (or ``status``, already read) records: 1 for a run that recorded none."""
+    status = RunDir.read_status(Path(path)) if status is None else status
+    processes = (status or {}).get("processes")
+    return resume_command(path, processes if isinstance(processes, int) else 1)
 
 
 def _now() -> str:

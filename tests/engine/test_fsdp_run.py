@@ -101,9 +101,9 @@ def test_a_stopped_fsdp_run_resumes_byte_for_byte(tmp_path, in_repo, warm):
     assert state["sharding"] == "fsdp" and state["optimizer"] is None and len(state["rng"]) == 2
     before = (stopped / "status.json").read_text()
     assert cli(["train", "--resume", str(stopped), "train.sharding=none"]) == (2, [
-        f"error: step-0000010 of {stopped} was written sharded (train.sharding=fsdp); resume "
-        "it with train.sharding=fsdp on 2 or more processes (adalora train --resume "
-        f"{stopped} train.sharding=fsdp --nproc N)"])
+        f"error: step-0000010 of {stopped} was written sharded (train.sharding=fsdp) by 2 "
+        "processes and resumes only sharded, on 2 or more; resume it with adalora train "
+        f"--resume {stopped} train.sharding=fsdp --nproc 2"])
     assert (stopped / "status.json").read_text() == before
     assert forked_ranks(["train", "--resume", str(stopped), "--quiet"]) == [0, 0]
     differ = [n for n in (*COMPARED, "allocator_state.pt")
