@@ -9,6 +9,13 @@ The ranks share the machine's cores: unless the user set ``OMP_NUM_THREADS``, ea
 cores / N threads (as ``sweep --jobs`` gives each run), not the default of every core per
 rank, which on a CPU oversubscribes the cores N times over.
 
+The ranks run the very ``adalora_cli`` this process runs. ``python -m adalora_cli`` would
+look in the current directory first, so from a folder holding another ``adalora_cli`` (a
+second checkout, an older copy) the ranks would run that one; they start through
+:data:`RANK_MAIN` instead, which takes the current directory off ``sys.path`` (as ``-P``
+does on Python 3.11+) and, if the package is then found anywhere but where this process
+found it, puts its folder first.
+
 The ranks must not outlive the launcher: each asks Linux for SIGTERM when it dies (even by
 SIGKILL), as a sweep's training processes do, and so checkpoints and stops as preempted
 instead of finishing the run unwatched (see ``rundir.owner.die_with_parent``).
@@ -28,6 +35,20 @@ from contextlib import contextmanager
 from ..errors import EXIT_FAILED, EXIT_PREEMPTED
 from ..rundir.owner import PARENT_ENV
 from ..threads import child_defaults
+
+RANK_MAIN = """\
+import importlib.util, os, runpy, sys
+origin = sys.argv.pop(1)
+if sys.path and sys.path[0] == "":
+    del sys.path[0]
+spec = importlib.util.find_spec("adalora_cli")
+if spec is None or spec.origin != origin:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(origin)))
+runpy.run_module("adalora_cli", run_name="__main__", alter_sys=True)
+"""
+"""Each rank's program (``python -c RANK_MAIN ORIGIN ARGS``): ``adalora_cli`` from the file
+``ORIGIN`` (the launcher's ``adalora_cli/__init__.py``), never from the current directory
+(``-c`` puts it first on ``sys.path``), then ``python -m adalora_cli ARGS``."""
 
 
 def _quiet_agent() -> None:
@@ -67,7 +88,8 @@ def parent_for_ranks() -> Iterator[None]:
 
 
 def launch(nproc: int, args: list[str]) -> int:
-    """Run ``python -m adalora_cli ARGS`` on ``nproc`` ranks; the first failure's exit code."""
+    """Run ``python -m adalora_cli ARGS`` on ``nproc`` ranks, with this process's
+    ``adalora_cli`` (:data:`RANK_MAIN`); the first failure's exit code."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -82,7 +104,8 @@ def launch(nproc: int, args: list[str]) -> int:
                           rdzv_endpoint="localhost:0", max_restarts=0, logs_specs=logs)
     try:
         with rank_threads(nproc), parent_for_ranks():
-            elastic_launch(config, entrypoint=sys.executable)("-m", "adalora_cli", *args)
+            elastic_launch(config, entrypoint=sys.executable)("-c", RANK_MAIN, _origin(),
+                                                              *args)
     except ChildFailedError as err:
         codes = [f.exitcode for f in err.failures.values()]
         if EXIT_PREEMPTED in codes:  # rank 0 checkpointed and said so; the rest were stopped
@@ -104,6 +127,13 @@ def launch(nproc: int, args: list[str]) -> int:
     finally:  # whatever the ranks' error files said was read above
         shutil.rmtree(logs.root_log_dir, ignore_errors=True)
     return 0
+
+
+def _origin() -> str:
+    """The file this process imported ``adalora_cli`` from (its ``__init__.py``)."""
+    from .. import __file__ as init
+
+    return os.path.abspath(init)
 
 
 def _signal_name(number: int) -> str:

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch.distributed.launcher.api as launcher_api
 
+import adalora_cli
 from adalora_cli.engine import launch as launch_module
 from adalora_cli.rundir.owner import PARENT_ENV
 
@@ -49,7 +50,10 @@ def test_each_rank_gets_its_share_of_the_cores(ranks, monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     assert launch_module.launch(2, ["train", "x.yaml"]) == 0
     assert [r["OMP_NUM_THREADS"] for r in ranks] == ["4", "4"]  # 8 cores / 2 ranks
-    assert ranks[0]["args"] == ("-m", "adalora_cli", "train", "x.yaml")
+    # `python -m adalora_cli train x.yaml`, with the launcher's adalora_cli
+    # (test_launch_imports runs it)
+    origin = os.path.abspath(adalora_cli.__file__)
+    assert ranks[0]["args"] == ("-c", launch_module.RANK_MAIN, origin, "train", "x.yaml")
     assert "OMP_NUM_THREADS" not in os.environ  # the launcher's own setting is untouched
     # the ranks saw the launcher's pid (they die with it), but the launcher's own
     # environment keeps none: an in-process `train` after it would take the pid for its
