@@ -15,6 +15,7 @@ processes loads on any number of processes (at least two: one process runs unsha
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +47,23 @@ def save(run_path: Path, step: int, model: nn.Module, optimizer: torch.optim.Opt
          state: dict[str, Any], keep: int, w: World) -> Path | None:
     """Every process: checkpoint ``step``. Returns its path on rank 0, None elsewhere."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     tmp = broadcast(ckpt.begin(run_path, step) if w.main else None, w)
     folder = Path(tmp) / ckpt.SHARDED
     final = Path(run_path) / ckpt.CHECKPOINTS / f"step-{step:07d}" / ckpt.SHARDED
-    # a full disk is said as one line naming the folder (DCP's own error may hide the OS's)
-    with writing(final, then="resume the run", written_as=folder, library=True):
-        dcp.save(_state(model, optimizer), checkpoint_id=str(folder))
+    try:
+        # a full disk is said as one line naming the folder (DCP's own error may hide the
+        # OS's), on every rank, as for one process
+        with writing(final, then="resume the run", written_as=folder, library=True):
+            try:
+                dcp.save(_state(model, optimizer), checkpoint_id=str(folder))
+            except CheckpointException as err:
+                raise first_failure(err) from None
+    except BaseException:
+        if w.main:  # nothing half-written is left, as a failed whole checkpoint leaves
+            shutil.rmtree(tmp, ignore_errors=True)  # none (checkpoint.publish)
+        raise
     if not w.main:
         return None
 
@@ -60,6 +71,17 @@ def save(run_path: Path, step: int, model: nn.Module, optimizer: torch.optim.Opt
         ckpt.write_state(folder, final, step, state)
 
     return ckpt.publish(run_path, step, Path(tmp), write, keep)
+
+
+def first_failure(err: BaseException) -> BaseException:
+    """The lowest rank's own exception (an OSError for a full disk) out of DCP's
+    CheckpointException, which gathers every rank's failure with its traceback into one
+    BaseException (it passed the CLI's error boundary: pages of tracebacks, no one line)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    while isinstance(err, CheckpointException) and err.failures:
+        err = err.failures[min(err.failures)][0]
+    return err
 
 
 def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
