@@ -20,6 +20,8 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from .errors import shown
+
 
 class ConfigError(ValueError):
     """A config problem, phrased as one line that names the problem and the fix."""
@@ -290,6 +292,7 @@ class RsLoRAConfig:
     """Dropout on the adapter input."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "rslora")
         _check_low_rank("rslora", "r", self.r, self.alpha, self.dropout)
 
 
@@ -309,6 +312,7 @@ class DoRAConfig:
     allowed, as PEFT's use_dora with use_rslora."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "dora")
         _check_low_rank("dora", "r", self.r, self.alpha, self.dropout)
 
 
@@ -325,6 +329,7 @@ class PiSSAConfig:
     """Dropout on the adapter input."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "pissa")
         _check_low_rank("pissa", "r", self.r, self.alpha, self.dropout)
 
 
@@ -344,6 +349,7 @@ class LoRAPlusConfig:
     paper's default is 2^4."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "loraplus")
         _check_low_rank("loraplus", "r", self.r, self.alpha, self.dropout)
         _check(self.lr_ratio >= 1, f"loraplus.lr_ratio must be >= 1 (B learns at least as "
                                    f"fast as A), got {self.lr_ratio}")
@@ -372,6 +378,7 @@ class SoRAConfig:
     """Number of stages of the sparsifying schedule (the authors' lambda_num: 7)."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "sora")
         _check_low_rank("sora", "r_max", self.r_max, self.alpha, self.dropout)
         _check(self.xi >= 0 and self.l1 >= 0,
                f"sora.xi and sora.l1 must be >= 0, got {self.xi} and {self.l1}")
@@ -417,6 +424,7 @@ class IncreLoRAConfig:
     P and Q trained) that become its next ranks; false adds fresh triplets instead."""
 
     def __post_init__(self) -> None:
+        _check_finite(self, "increlora")
         _check_low_rank("increlora", "init_rank", self.init_rank, self.alpha, self.dropout)
         _check(self.budget >= 1, f"increlora.budget must be >= 1, got {self.budget}")
         for key in ("add_rank", "top_h", "delta_t"):
@@ -622,9 +630,64 @@ class RunConfig:
 # --------------------------------------------------------------------------- loading
 
 
-def _parse_value(text: str) -> Any:
+MAX_YAML_VALUES = 100_000
+"""The most values (mappings, lists and scalars) a YAML document may hold once its aliases
+are expanded. A config or a sweep manifest holds hundreds; an alias bomb (a list naming the
+list before it ten times, nine deep) holds a billion, and every reader after the parser
+(checking each value, quoting one in an error) walks all of them."""
+
+
+class _TooBig(yaml.YAMLError):
+    """A document whose aliases expand past MAX_YAML_VALUES, or that holds itself."""
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, counting what each document expands to before any value
+    is built: counting shares the aliases' work, so a bomb is refused in microseconds."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_size(node, {}, set())
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise _TooBig("it holds itself through an alias (&name inside itself as *name)")
+    open_.add(key)
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = []
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes, open_)
+        if total > MAX_YAML_VALUES:
+            raise _TooBig(f"its aliases (*name) expand it to more than {MAX_YAML_VALUES:,} "
+                          "values")
+    open_.discard(key)
+    sizes[key] = total
+    return total
+
+
+def safe_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load(text)``, refusing in one line naming ``where`` a document that
+    expands past MAX_YAML_VALUES or holds itself; other YAML errors pass unchanged."""
     try:
-        return yaml.safe_load(text) if text != "" else ""
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader: builds plain values only
+    except _TooBig as err:
+        raise ConfigError(f"{where} cannot be read: {err}; a config is far smaller, so "
+                          "write its values out instead of repeating aliases") from None
+
+
+def _parse_value(text: str, key: str) -> Any:
+    try:
+        return safe_yaml(text, f"override {key}") if text != "" else ""
     except yaml.YAMLError:
         return text
 
@@ -635,7 +698,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"override {item!r} is not key=value; write e.g. train.seed=3")
+            raise ConfigError(f"override {shown(item)} is not key=value; write e.g. "
+                              "train.seed=3")
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
@@ -643,9 +707,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+                raise ConfigError(f"override {shown(item)}: {shown(part)} is a value, not a "
+                                  "section")
             node = child
-        node[parts[-1]] = _parse_value(raw)
+        node[parts[-1]] = _parse_value(raw, key)
     return data
 
 
@@ -664,53 +729,61 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
                 return _coerce(value, option, path)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(errors[0] if errors else f"{path}: bad value {value!r}")
+        raise ConfigError(errors[0] if errors else f"{path}: bad value {shown(value)}")
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
             options = ", ".join(map(str, choices))
-            raise ConfigError(f"{path} must be one of {options}; got {value!r}")
+            raise ConfigError(f"{path} must be one of {options}; got {shown(value)}")
         return value
     if origin is list:
         if not isinstance(value, list):
             value = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
         if not isinstance(value, list):
-            raise ConfigError(f"{path} must be a list, got {value!r}")
+            raise ConfigError(f"{path} must be a list, got {shown(value)}")
         (item_hint,) = typing.get_args(hint)
         return [_coerce(v, item_hint, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{path} must be a mapping, got {value!r}")
-        return {str(k): str(v) for k, v in value.items()}
+            raise ConfigError(f"{path} must be a mapping, got {shown(value)}")
+        return {str(k): _coerce(v, str, f"{path}.{k}") for k, v in value.items()}
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{path} must be true or false, got {value!r}")
+        raise ConfigError(f"{path} must be true or false, got {shown(value)}")
     if hint is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e-4 as a string
+            number = float(value)
+        elif isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e-4 as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{path} must be a number, got {value!r}")
+        if number is None:
+            raise ConfigError(f"{path} must be a number, got {shown(value)}")
+        # every float key of every section, as it is read: .inf or .nan is a typo, never a
+        # setting (an infinite loraplus.lr_ratio trained NaNs from step 1)
+        if not math.isfinite(number):
+            raise ConfigError(f"{path} must be a finite number, got {number}")
+        return number
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{path} must be an integer, got {value!r}")
+        raise ConfigError(f"{path} must be an integer, got {shown(value)}")
     if hint is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{path} must be a string, got {value!r}")
+        raise ConfigError(f"{path} must be a string, got {shown(value)}")
     raise ConfigError(f"{path}: unsupported type {hint}")  # pragma: no cover
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'the config'} must be a mapping of keys, got {data!r}")
+        raise ConfigError(f"{prefix or 'the config'} must be a mapping of keys, got "
+                          f"{shown(data)}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
@@ -748,7 +821,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(
             f"config file {path} does not exist; pass a path such as configs/glue/rte.yaml")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safe_yaml(path.read_text(), str(path))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -64,6 +64,23 @@ def describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
+SHOWN_CHARS = 120
+"""The most characters of a user's value an error line quotes."""
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` as an error line quotes it: at most ``limit`` characters, and built
+    without expanding the whole value (reprlib stops at a few items per level), so a value
+    of a billion items, or one string of megabytes, is quoted in an instant as its start."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother = 3, limit, limit
+    short.maxlist = short.maxtuple = short.maxdict = short.maxset = 8
+    text = short.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def warning(text: str, stream=None) -> None:
     """The one ``warning:`` line every layer prints: on stderr (or ``stream``), yellow on a
     terminal, never wrapped (a log keeps each warning on one line)."""

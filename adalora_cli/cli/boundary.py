@@ -82,7 +82,14 @@ def note(text: str) -> None:
         err().print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)
 
 
+LONGEST = 2000
+"""The most characters of an error line: the messages quote values cut short
+(errors.shown), and this catches one quoted whole, say a string of megabytes in a config."""
+
+
 def fail(message: str, code: int) -> None:
+    if len(message) > LONGEST:
+        message = f"{message[:LONGEST]}... ({len(message) - LONGEST:,} more characters)"
     # escape: a message may quote config text such as log.to=[wandb], not Rich markup
     if rank0():  # under torchrun one line, not one per rank
         err().print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig, flatten, load_config
+from ..config import ConfigError, RunConfig, flatten, load_config, safe_yaml
 from ..config import digest as config_hash
 from ..methods.registry import METHODS, comparable_config, config_digest
 from ..rundir.layout import (
@@ -166,9 +166,9 @@ def _config(path: Path) -> tuple[RunConfig | None, dict[str, Any]]:
     except Exception:  # any unloadable config: fall back to its raw sections and the summary
         import yaml
 
-        try:
-            raw = yaml.safe_load((path / CONFIG).read_text())
-        except (OSError, yaml.YAMLError):
+        try:  # a config file that expands to millions of values is refused, not walked
+            raw = safe_yaml((path / CONFIG).read_text(), str(path / CONFIG))
+        except (OSError, yaml.YAMLError, ConfigError):
             raw = None
         return None, raw if isinstance(raw, dict) else {}
 

@@ -1,0 +1,127 @@
+"""Bad inputs through the CLI, as a user meets them: each is refused in one ``error:`` line
+that names the problem and the fix, with exit code 2, no traceback, and nothing left behind
+that looks like a run (or, where said, the input is left exactly as it was found).
+
+Each case here was once accepted or refused badly: an infinite method setting trained NaNs,
+an fp16 base failed at the first step on a CPU, a YAML alias bomb took minutes and printed
+half a gigabyte, a refused ``--run-dir`` kept our lock file, links led a report, a resume
+and a sweep outside where they belong, and ``predict`` answered rows that held nothing.
+"""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from adalora_cli.cli import app
+from adalora_cli.config import ConfigError, RunConfig, load_config
+from tests.conftest import ROOT
+
+SMOKE = "configs/smoke/glue.yaml"
+SMOKE_LM = "configs/smoke/causal_lm.yaml"
+SHORT = ("method.name=lora", "train.max_steps=2")
+"""The shared two-step LoRA runs other tests train too (tests/test_full_disk_names.py)."""
+
+
+def cli(*args: str):
+    """``adalora ARGS`` from the repository root (the smoke configs name their fixtures
+    relative to it); the result and its output lines that are not blank."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        result = CliRunner().invoke(app, [str(a) for a in args])
+    return result, [line for line in result.output.splitlines() if line.strip()]
+
+
+def refused(*args: str) -> str:
+    """The one error line of a command refused as bad input (exit 2, no traceback)."""
+    result, lines = cli(*args)
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    return errors[0]
+
+
+# ------------------------------------------------------------------ non-finite settings
+@pytest.mark.parametrize("key, value", [("loraplus.lr_ratio", ".inf"), ("rslora.alpha", ".inf"),
+                                        ("sora.l1", ".inf"), ("increlora.alpha", ".inf"),
+                                        ("dora.alpha", ".nan"), ("sora.xi_max", "-.inf")])
+def test_an_infinite_method_setting_is_refused_before_the_run(tmp_path, key, value):
+    method = key.split(".")[0]
+    line = refused("train", SMOKE, f"method.name={method}", f"{key}={value}",
+                   "--run-dir", tmp_path / "run", "--quiet")
+    number = {".inf": "inf", ".nan": "nan", "-.inf": "-inf"}[value]
+    assert line == f"error: {key} must be a finite number, got {number}"
+    assert not (tmp_path / "run").exists()
+
+
+def float_keys() -> list[str]:
+    """Every float key of every section, found from the dataclasses (``float`` or
+    ``float | None``), so a section added later is covered without naming it here."""
+    keys = []
+    for section, hint in typing.get_type_hints(RunConfig).items():
+        for name, field_hint in typing.get_type_hints(hint).items():
+            if field_hint is float or float in typing.get_args(field_hint):
+                keys.append(f"{section}.{name}")
+    return keys
+
+
+def test_every_float_key_of_every_section_refuses_inf_and_nan():
+    keys = float_keys()
+    # the four the checks found, and optional floats (None or a number) too
+    assert {"loraplus.lr_ratio", "rslora.alpha", "sora.l1", "increlora.alpha",
+            "train.learning_rate", "adalora.target_rank", "pissa.alpha"} <= set(keys)
+    for key in keys:
+        for value, shown in ((".inf", "inf"), (".nan", "nan"), ("-.inf", "-inf")):
+            with pytest.raises(ConfigError) as err:
+                load_config(ROOT / SMOKE, [f"{key}={value}"])
+            assert str(err.value) == f"{key} must be a finite number, got {shown}", key
+
+
+# ------------------------------------------------------------------ huge YAML values
+def alias_bomb(depth: int) -> str:
+    """A YAML list of 10**depth leaves in a few hundred bytes: each list names the one
+    before it ten times."""
+    lists = ['&a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lists += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, depth)]
+    return "[" + ", ".join(lists) + "]"
+
+
+def smoke_with_seed(tmp_path: Path, seed: str) -> Path:
+    text = (ROOT / SMOKE).read_text()
+    assert "\n  seed: 0\n" in text
+    path = tmp_path / "config.yaml"
+    path.write_text(text.replace("\n  seed: 0\n", f"\n  seed: {seed}\n"))
+    return path
+
+
+@pytest.mark.parametrize("depth", [6, 9])
+def test_a_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path, depth):
+    config = smoke_with_seed(tmp_path, alias_bomb(depth))
+    assert config.stat().st_size < 2000
+    line = refused("train", config, "--run-dir", tmp_path / "run", "--quiet")
+    assert line == (f"error: {config} cannot be read: its aliases (*name) expand it to more "
+                    "than 100,000 values; a config is far smaller, so write its values out "
+                    "instead of repeating aliases")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_yaml_value_that_holds_itself_is_refused(tmp_path):
+    line = refused("train", smoke_with_seed(tmp_path, "&me [1, *me]"), "--dry-run")
+    assert "it holds itself through an alias" in line
+
+
+@pytest.mark.parametrize("seed, start", [
+    (alias_bomb(4), "error: train.seed must be an integer, got [['x', 'x', 'x', "),
+    ('"' + "7x" * 500_000 + '"', "error: train.seed must be an integer, got '7x7x7x"),
+])
+def test_a_long_value_is_quoted_cut_short(tmp_path, seed, start):
+    """10,000 leaves (under the alias limit) or a string of a million characters: the
+    error line quotes the value's start, not all of it."""
+    line = refused("train", smoke_with_seed(tmp_path, seed), "--dry-run")
+    assert line.startswith(start) and "..." in line
+    assert len(line) <= len("error: train.seed must be an integer, got ") + 120
