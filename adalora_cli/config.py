@@ -161,8 +161,8 @@ class ModelConfig:
     base_dtype: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     """Dtype the frozen base weights are loaded in, whatever dtype the checkpoint was stored
     in; the trained adapter and head are always fp32. bf16/fp16 halve the base's memory and
-    need mixed precision (train.precision auto, bf16 or fp16 on CUDA, bf16 on a CPU); 'auto'
-    is bf16 under bf16 autocast, else fp32."""
+    need mixed precision (train.precision auto, bf16 or fp16 on CUDA, bf16 on a CPU, which
+    refuses fp16); 'auto' is bf16 under bf16 autocast, else fp32."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, RunConfig, load_config
+from adalora_cli.engine import build
 from tests.conftest import ROOT
 
 SMOKE = "configs/smoke/glue.yaml"
@@ -80,6 +81,23 @@ def test_every_float_key_of_every_section_refuses_inf_and_nan():
             with pytest.raises(ConfigError) as err:
                 load_config(ROOT / SMOKE, [f"{key}={value}"])
             assert str(err.value) == f"{key} must be a finite number, got {shown}", key
+
+
+# ------------------------------------------------------------------ an fp16 base on a CPU
+@pytest.mark.parametrize("precision, native", [("auto", True), ("bf16", True),
+                                               ("bf16", False)])
+def test_an_fp16_base_on_a_cpu_is_refused_before_the_run(tmp_path, monkeypatch, precision,
+                                                         native):
+    """``auto`` is bf16 on a CPU with native bf16 (made so here, whatever this CPU has), and
+    the CPU's kernels refuse an fp16 weight beside bf16 activations."""
+    monkeypatch.setattr(build, "cpu_bf16_native", lambda: native)
+    line = refused("train", SMOKE, *SHORT, "model.base_dtype=fp16",
+                   f"train.precision={precision}", "train.device=cpu",
+                   "--run-dir", tmp_path / "run", "--quiet")
+    assert line == ("error: model.base_dtype=fp16 does not run on a CPU (device cpu): its one "
+                    "half precision is bf16; use model.base_dtype=bf16 with "
+                    "train.precision=bf16, or model.base_dtype=fp32 (or auto)")
+    assert not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------ huge YAML values

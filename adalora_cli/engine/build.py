@@ -287,6 +287,12 @@ def base_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
     in every layer."""
     name = cfg.model.base_dtype
     _, amp = autocast_factory(cfg.train.precision, device)
+    if name == "fp16" and device.type == "cpu":
+        # the CPU's only autocast is bf16, and its kernels refuse an fp16 weight beside a
+        # bf16 or fp32 input ("mixed dtype (CPU)" at the first step, after the run began)
+        raise ConfigError(f"model.base_dtype=fp16 does not run on a CPU (device {device}): "
+                          "its one half precision is bf16; use model.base_dtype=bf16 with "
+                          "train.precision=bf16, or model.base_dtype=fp32 (or auto)")
     if name == "auto":
         return amp if amp is torch.bfloat16 else torch.float32
     if name != "fp32" and amp is None:
