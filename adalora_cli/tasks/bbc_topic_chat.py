@@ -26,8 +26,9 @@ as partly right; the fine-tuned one should answer with the word. The topic names
 of :mod:`.bbc_topic` (the package's ``sports`` folder is the topic ``sport``).
 
 With ``task.data_files``, ``task.data_dir`` or ``task.dataset`` the task reads your rows
-exactly as ``causal_lm`` does. ``adalora predict`` frames a ``text`` column of leads as the
-same question (a ``messages`` or ``prompt`` column goes through unchanged).
+exactly as ``causal_lm`` does (``configs/demo/own_chats.yaml`` is this demo's model and
+schedule as ``causal_lm`` on your chats). ``adalora predict`` frames a ``text`` column of
+leads as the same question (a ``messages`` or ``prompt`` column goes through unchanged).
 """
 
 from __future__ import annotations
