@@ -44,7 +44,7 @@ from ..rundir.layout import CHECKPOINT_STATE as STATE
 from ..rundir.layout import CHECKPOINT_TENSORS as TENSORS
 from ..rundir.layout import CHECKPOINTS
 from ..rundir.no_code import PlantedCode, load_tensors, read_dcp_metadata
-from ..rundir.run import follow_umask
+from ..rundir.run import follow_umask, resume_command
 from . import faults
 
 if TYPE_CHECKING:  # annotations only: reading a checkpoint needs no model code
@@ -225,20 +225,23 @@ def config_record(cfg: RunConfig) -> dict[str, Any]:
 _ABSENT = "(absent)"
 
 
-def check_sharding(path: Path, state: dict[str, Any], cfg: RunConfig) -> None:
-    """Refuse to resume a whole checkpoint sharded, or a sharded one whole: their files
-    differ (a whole ``trainable.safetensors`` and ``state.pt``, or every process's rows)."""
+def check_sharding(path: Path, state: dict[str, Any], cfg: RunConfig,
+                   processes: int | None = None) -> None:
+    """Refuse to resume a whole checkpoint sharded, or a sharded one whole or on one process
+    (``processes``, where known): their files differ (a whole ``trainable.safetensors`` and
+    ``state.pt``, or every process's rows). The refusal names the command that works."""
     saved, now = state.get("sharding", "none"), cfg.train.sharding
-    if saved == now:
-        return
     run = path.parent.parent
-    if saved == "fsdp":
-        raise ConfigError(f"{path.name} of {run} was written sharded (train.sharding=fsdp); "
-                          "resume it with train.sharding=fsdp on 2 or more processes "
-                          f"(adalora train --resume {run} train.sharding=fsdp --nproc N)")
-    raise ConfigError(f"{path.name} of {run} was written whole (train.sharding=none, one "
-                      "process or DDP) and cannot resume sharded; resume it with "
-                      "train.sharding=none, or start a new run with train.sharding=fsdp")
+    if saved == "fsdp" and (now != "fsdp" or (processes is not None and processes < 2)):
+        n = max(2, saved_world_size(state))
+        keep = [] if now == "fsdp" else ["train.sharding=fsdp"]
+        raise ConfigError(f"{path.name} of {run} was written sharded (train.sharding=fsdp) by "
+                          f"{n} processes and resumes only sharded, on 2 or more; resume it "
+                          f"with {resume_command(run, n, keep)}")
+    if saved != "fsdp" and now == "fsdp":
+        raise ConfigError(f"{path.name} of {run} was written whole (train.sharding=none, one "
+                          "process or DDP) and cannot resume sharded; resume it with "
+                          "train.sharding=none, or start a new run with train.sharding=fsdp")
 
 
 def check_config(path: Path, state: dict[str, Any], cfg: RunConfig
@@ -281,7 +284,7 @@ def rng_state() -> dict[str, Any]:
 
 def saved_world_size(state: dict[str, Any]) -> int:
     """How many processes wrote a checkpoint (older ones: one RNG state per process)."""
-    return int(state.get("world_size") or len(state["rng"]))
+    return int(state.get("world_size") or len(state.get("rng") or [None]))
 
 
 def machine_changes(state: dict[str, Any], world_size: int, precision: str

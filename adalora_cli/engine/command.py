@@ -122,8 +122,7 @@ def check_resume(run: Path, cfg: RunConfig, processes: int) -> None:
     the FSDP check would suggest train.sharding=none, which that checkpoint refuses); a
     whole one only whole (``checkpoint.check_sharding``)."""
     from ..methods.registry import method_spec
-    from ..rundir.run import resume_command
-    from .checkpoint import check_sharding, newest_readable, saved_world_size
+    from .checkpoint import check_sharding, newest_readable
 
     # A method that saves the whole model never runs sharded, and its checkpoint (the model
     # and its optimizer state) is too large to read here only for the run to read it again.
@@ -133,14 +132,7 @@ def check_resume(run: Path, cfg: RunConfig, processes: int) -> None:
     if found is None:  # no checkpoint: the run starts over under whatever cfg says
         return
     path, state = found
-    sharded = cfg.train.sharding == "fsdp"
-    if state.get("sharding") == "fsdp" and (processes < 2 or not sharded):
-        n = max(2, saved_world_size(state))
-        keep = [] if sharded else ["train.sharding=fsdp"]
-        raise ConfigError(f"{path.name} of {run} was written sharded (train.sharding=fsdp) by "
-                          f"{n} processes and resumes only sharded, on 2 or more; resume it "
-                          f"with {resume_command(run, n, keep)}")
-    check_sharding(path, state, cfg)
+    check_sharding(path, state, cfg, processes)
 
 
 def check_gpus(nproc: int, device: torch.device) -> None:

@@ -136,6 +136,17 @@ def _origin() -> str:
     return os.path.abspath(init)
 
 
+def cli_command(*args: str, torchrun: list[str] | None = None) -> list[str]:
+    """``python -m adalora_cli ARGS`` for a child process (a sweep's run, a SLURM task), with
+    this process's ``adalora_cli`` (:data:`RANK_MAIN`) rather than one in the child's current
+    directory. ``torchrun``: the launcher's own options, for a run of several processes
+    (``--no-python`` hands it this interpreter as the program)."""
+    program = [sys.executable, "-c", RANK_MAIN, _origin(), *args]
+    if torchrun is None:
+        return program
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun, "--no-python", *program]
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name

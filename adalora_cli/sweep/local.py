@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import threads
+from ..engine.launch import cli_command
 from ..errors import EXIT_BUSY, EXIT_PREEMPTED, SweepStopped, warning
 from ..rundir.layout import SWEEP_LOGS
 from ..rundir.owner import PARENT_ENV
@@ -82,7 +82,7 @@ class _Job:
         self.run, self.gpu, self.start = run, gpu, time.perf_counter()
         self.log = sweep_dir / SWEEP_LOGS / f"{run.name}.log"
         self.run_dir = sweep_dir / run.name
-        train = [sys.executable, "-m", "adalora_cli", "train"]
+        train = cli_command("train")  # this adalora_cli, not one in the current directory
         # no --quiet: off a terminal the run prints plain progress lines into its log
         cmd = ([*train, "--resume", str(self.run_dir)] if resume else
                [*train, str(run.config), *run.overrides, "--run-dir", str(self.run_dir)])

@@ -20,10 +20,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from ..engine.launch import cli_command
 from ..errors import EXIT_BUSY, EXIT_PREEMPTED
 from ..rundir.layout import SWEEP_LOGS
 from ..rundir.owner import PARENT_ENV
@@ -44,11 +44,9 @@ class RunFailed(RuntimeError):
 
 def train_command(run: PlannedRun, run_dir: Path, resume: bool, nproc: int = 1) -> list[str]:
     """``adalora train`` for this run; with ``nproc`` > 1 under torchrun, one rank a GPU."""
-    if nproc > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc_per_node={nproc}", "-m", "adalora_cli", "train"]
-    else:
-        launcher = [sys.executable, "-m", "adalora_cli", "train"]
+    # the adalora_cli this job unpickled, never one in the node's working directory
+    launcher = cli_command("train", torchrun=["--standalone", f"--nproc_per_node={nproc}"]
+                           if nproc > 1 else None)
     # No --quiet: writing to a log file, not a terminal, the run prints plain progress lines
     # (engine/progress.py), so the log shows how far it got while it runs.
     if resume:

@@ -142,8 +142,12 @@ def test_a_checkpoint_resumes_only_under_its_own_sharding(tmp_path, in_repo):
         "process or DDP) and cannot resume sharded; resume it with train.sharding=none, or "
         "start a new run with train.sharding=fsdp")
     with pytest.raises(ConfigError) as err:
-        ckpt.check_sharding(path, {"sharding": "fsdp"}, whole)
+        ckpt.check_sharding(path, {"sharding": "fsdp", "world_size": 3}, whole)
     assert str(err.value) == (
-        f"step-0000004 of {tmp_path / 'run'} was written sharded (train.sharding=fsdp); "
-        f"resume it with train.sharding=fsdp on 2 or more processes (adalora train --resume "
-        f"{tmp_path / 'run'} train.sharding=fsdp --nproc N)")
+        f"step-0000004 of {tmp_path / 'run'} was written sharded (train.sharding=fsdp) by 3 "
+        f"processes and resumes only sharded, on 2 or more; resume it with adalora train "
+        f"--resume {tmp_path / 'run'} train.sharding=fsdp --nproc 3")
+    with pytest.raises(ConfigError) as err:  # sharded, but on one process
+        ckpt.check_sharding(path, {"sharding": "fsdp", "world_size": 2}, fsdp, processes=1)
+    assert str(err.value).endswith(f"resume it with adalora train --resume {tmp_path / 'run'} "
+                                   "--nproc 2")
