@@ -10,6 +10,8 @@ and a sweep outside where they belong, and ``predict`` answered rows that held n
 
 from __future__ import annotations
 
+import json
+import os
 import typing
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from typer.testing import CliRunner
 from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, RunConfig, load_config
 from adalora_cli.engine import build
-from tests.conftest import ROOT
+from tests.conftest import ROOT, copy_of
 
 SMOKE = "configs/smoke/glue.yaml"
 SMOKE_LM = "configs/smoke/causal_lm.yaml"
@@ -143,3 +145,66 @@ def test_a_long_value_is_quoted_cut_short(tmp_path, seed, start):
     line = refused("train", smoke_with_seed(tmp_path, seed), "--dry-run")
     assert line.startswith(start) and "..." in line
     assert len(line) <= len("error: train.seed must be an integer, got ") + 120
+
+
+# ------------------------------------------------------------------ --run-dir
+@pytest.mark.parametrize("how", ["folder", "link"])
+def test_a_refused_run_dir_is_left_exactly_as_found(tmp_path, how):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine\n")
+    run_dir = folder
+    if how == "link":
+        run_dir = tmp_path / "link"
+        run_dir.symlink_to(folder)
+    line = refused("train", SMOKE, *SHORT, "--run-dir", run_dir, "--quiet")
+    assert line == (f"error: run directory {run_dir} already exists and is not empty; choose "
+                    "another --run-dir (runs are never overwritten)")
+    assert sorted(os.listdir(folder)) == ["notes.txt"]  # no .lock, nothing else
+    assert (folder / "notes.txt").read_text() == "mine\n"
+    assert run_dir.is_symlink() is (how == "link")
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_a_run_dir_through_a_dangling_link_is_one_line(tmp_path, below):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    run_dir = link / "run" if below else link
+    line = refused("train", SMOKE, *SHORT, "--run-dir", run_dir, "--quiet")
+    where = f" lies under {link}, which" if below else ""
+    assert line == (f"error: run directory {run_dir}{where} is a symbolic link to "
+                    f"{tmp_path / 'nowhere'}, which does not exist; create that folder "
+                    "first, or choose another --run-dir")
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()
+    assert sorted(os.listdir(tmp_path)) == ["link"]
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """An AdaLoRA smoke run SIGKILLed at step 11 with a checkpoint at step 9 (in a forked
+    process, as the resume tests stop theirs): both its streams hold rows."""
+    from tests.engine.conftest import forked, smoke_args
+
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        assert forked(smoke_args(out, "train.save_every=3"), "kill@step=11") == -9
+    assert (out / "checkpoints" / "step-0000009").is_dir()
+    return out
+
+
+@pytest.mark.parametrize("stream", ["metrics.jsonl", "rank_history.jsonl"])
+def test_a_resume_never_writes_through_a_linked_stream(stopped_run, tmp_path, stream):
+    run = copy_of(stopped_run, tmp_path / "run")
+    outside = tmp_path / f"elsewhere-{stream}"
+    (run / stream).rename(outside)
+    (run / stream).symlink_to(outside)
+    before = outside.read_bytes()
+    assert before.count(b"\n") >= 2  # rows after the checkpoint: a resume would cut them
+    line = refused("train", "--resume", run, "--quiet")
+    assert line == (f"error: run {run} cannot be resumed: its {stream} is a symbolic link to "
+                    f"{outside}, and resuming would write through it; replace the link with "
+                    "a copy of what it points to, then resume")
+    assert outside.read_bytes() == before
+    assert (run / stream).is_symlink()
+    assert json.loads((run / "status.json").read_text())["status"] == "running"  # as found

@@ -74,6 +74,11 @@ TRACKERS = "trackers.json"
 """With ``log.to``: each tracker's run id, so a resumed run reattaches to it."""
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
+RUN_NAMES = (CONFIG, STATUS, HEARTBEAT, METRICS, RANK_HISTORY, RANK_PATTERN, HEATMAP, WEIGHTS,
+             ALLOCATOR_STATE, FULL_MODEL, SUMMARY, CHECKPOINTS, PREDICTIONS, PREDICTIONS_JSONL,
+             EVAL, TRACKERS, TENSORBOARD_DIR, WANDB_DIR, LOCK, LAUNCH)
+"""Every name a run writes at the top of its directory (SQuAD's per-split predictions
+aside)."""
 
 # A sweep directory: the run directories, the manifest, one event per line, each run's
 # training output, SLURM job records and submitit's files.

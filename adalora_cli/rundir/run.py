@@ -32,6 +32,7 @@ from .layout import (
     METRICS,
     RANK_HISTORY,
     RANK_PATTERN,
+    RUN_NAMES,
     STATUS,
     STREAMS,
     SUMMARY,
@@ -123,18 +124,17 @@ class RunDir:
     def create(cls, path: str | Path, cfg: RunConfig, processes: int = 1) -> RunDir:
         """Claim a new, empty directory for a run and write its config. ``processes``: how
         many run it, recorded so that every resume hint names them (:func:`resume_hint`)."""
-        from .owner import identity, owner_alive
+        from .owner import identity
 
         path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise ConfigError(f"run directory {path} is a file; choose another --run-dir")
+        _check_makeable(path)
         path.mkdir(parents=True, exist_ok=True)
+        if not (path / LOCK).exists():
+            # no run was ever claimed here: a folder holding anything is refused as it was
+            # found, before the lock file a claim creates is left behind in it
+            _refuse_occupied(path)
         with locked(path):
-            if any(p.name not in (LOCK, LAUNCH) for p in path.iterdir()):
-                alive, why = owner_alive(path)
-                if alive:
-                    raise RunBusy(f"run directory {path} is being run by {why}")
-                raise ConfigError(_occupied(path))
+            _refuse_occupied(path)
             run = cls(path)
             # status first: a directory with a status and no config reads as holding no run
             run._write_status({"status": "running", "started": _now(),
@@ -163,6 +163,7 @@ class RunDir:
         alive, why = owner_alive(path)
         if alive:
             raise RunBusy(f"run {path} is being run by {why}")
+        _refuse_links(path)
 
     @classmethod
     def reopen(cls, path: str | Path, processes: int = 1) -> RunDir:
@@ -365,6 +366,46 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             if line.strip():
                 rows.append(json.loads(line))
     return rows
+
+
+def _check_makeable(path: Path) -> None:
+    """Refuse, in one line, a ``--run-dir`` that cannot become a folder: a file, or a
+    symbolic link to nothing (itself or a folder above it), where mkdir would say only
+    "File exists"."""
+    for p in (*reversed(path.parents), path):
+        if p.is_symlink() and not p.exists():
+            where = "" if p == path else f" lies under {p}, which"
+            raise ConfigError(f"run directory {path}{where} is a symbolic link to "
+                              f"{os.readlink(p)}, which does not exist; create that folder "
+                              "first, or choose another --run-dir")
+        if p.exists() and not p.is_dir():
+            if p == path:
+                raise ConfigError(f"run directory {path} is a file; choose another --run-dir")
+            raise ConfigError(f"run directory {path} lies under {p}, which is a file; choose "
+                              "another --run-dir")
+
+
+def _refuse_links(path: Path) -> None:
+    """A resumed run cuts its logs back and appends to them, and rewrites its other files:
+    through a symbolic link that would change a file outside the run (metrics.jsonl linked
+    to another run's log), so a run holding one is refused before anything is opened."""
+    for name in RUN_NAMES:
+        if (path / name).is_symlink():
+            raise ConfigError(f"run {path} cannot be resumed: its {name} is a symbolic link "
+                              f"to {os.readlink(path / name)}, and resuming would write "
+                              "through it; replace the link with a copy of what it points "
+                              "to, then resume")
+
+
+def _refuse_occupied(path: Path) -> None:
+    """A folder holding anything but a claim's own files is no place for a new run."""
+    from .owner import owner_alive
+
+    if any(p.name not in (LOCK, LAUNCH) for p in path.iterdir()):
+        alive, why = owner_alive(path)
+        if alive:
+            raise RunBusy(f"run directory {path} is being run by {why}")
+        raise ConfigError(_occupied(path))
 
 
 def _occupied(path: Path) -> str:
