@@ -179,6 +179,25 @@ def test_a_run_dir_through_a_dangling_link_is_one_line(tmp_path, below):
     assert sorted(os.listdir(tmp_path)) == ["link"]
 
 
+# ------------------------------------------------------------------ links around runs
+def test_report_says_which_link_it_did_not_follow(smoke_runs, tmp_path):
+    run = smoke_runs(SMOKE, *SHORT)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "best").symlink_to(run)
+    result, lines = cli("report", runs, "--format", "markdown")
+    assert result.exit_code == 2, result.output
+    assert lines == [
+        f"warning: skipped {runs / 'best'}: a symbolic link to {run.resolve()}, not followed "
+        f"(a run reached through a link could be counted twice); pass {run.resolve()} itself "
+        "to report it",
+        f"error: no finished runs under {runs}"]
+    # the link named itself is read: it is the run the user asked for
+    result, lines = cli("report", runs / "best", "--format", "markdown")
+    assert result.exit_code == 0, result.output
+    assert any("LoRA" in line for line in lines)
+
+
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory):
     """An AdaLoRA smoke run SIGKILLed at step 11 with a checkpoint at step 9 (in a forked

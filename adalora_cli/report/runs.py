@@ -88,11 +88,15 @@ RUN_FOLDERS = {FULL_MODEL, CHECKPOINTS, EVAL, TENSORBOARD_DIR, WANDB_DIR}
 """A run's own subfolders: never searched for runs."""
 
 
-def find_run_dirs(paths: list[Path]) -> list[Path]:
+def find_run_dirs(paths: list[Path], links: list[Path] | None = None) -> list[Path]:
     """Every directory holding a status.json or summary.json, at any depth. Inside a run
     directory its own subfolders (``model/`` of a full fine-tune, ``checkpoints/`` ...)
     are not searched, but any other folder is: runs placed inside a run (a sweep started
-    in a run's directory) are found, not hidden behind it."""
+    in a run's directory) are found, not hidden behind it.
+
+    A symbolic link to a folder met on the way is not followed (a run reached through one
+    could be counted twice, and links can loop); ``links`` collects them, for the report
+    to say. A path given itself is read wherever it points."""
     found = []
     for root in paths:
         for dirpath, dirnames, filenames in os.walk(root):
@@ -101,7 +105,17 @@ def find_run_dirs(paths: list[Path]) -> list[Path]:
                 found.append(Path(dirpath))
             dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
                                  and not (is_run and d in RUN_FOLDERS))
+            if links is not None:
+                links.extend(Path(dirpath) / d for d in dirnames
+                             if (Path(dirpath) / d).is_symlink())
     return sorted(found)
+
+
+def link_reason(link: Path) -> str:
+    """Why the report skipped a symbolic link, and how to include what it points to."""
+    target = os.path.realpath(link)
+    return (f"a symbolic link to {target}, not followed (a run reached through a link "
+            f"could be counted twice); pass {target} itself to report it")
 
 
 def nested_runs(found: list[Path]) -> list[tuple[Path, int]]:
@@ -231,8 +245,8 @@ def load_run(path: Path, eval_name: str | None = None) -> Run | str:
 def load_runs(paths: list[Path], eval_name: str | None = None,
               ) -> tuple[list[Run], list[tuple[Path, str]]]:
     """Finished runs, and (path, reason) for every run directory left out."""
-    runs, skipped = [], []
-    for path in find_run_dirs(paths):
+    runs, skipped, links = [], [], []
+    for path in find_run_dirs(paths, links):
         try:
             result = load_run(path, eval_name)
         except Exception as err:  # a malformed run must never stop the report
@@ -241,4 +255,5 @@ def load_runs(paths: list[Path], eval_name: str | None = None,
             runs.append(result)
         else:
             skipped.append((path, result))
+    skipped += [(link, link_reason(link)) for link in links]
     return runs, skipped

@@ -428,7 +428,8 @@ def build_report(paths: list[Path], show_paper: bool = False,
     inside = [f"{outer} is a run directory holding {n} other run{'s' * (n != 1)} in its "
               "folder; they are reported as runs of their own (keep a sweep's runs out of "
               "run directories: --sweep-dir)"
-              for outer, n in nested_runs([r.path for r in runs] + [p for p, _ in skipped])]
+              for outer, n in nested_runs([r.path for r in runs]
+                                          + [p for p, _ in skipped if not p.is_symlink()])]
     runs, duplicates = dedupe_seeds(runs)
     runs, left_out = keep_min_seeds(runs, min_seeds)
     tables = build_tables(runs)
