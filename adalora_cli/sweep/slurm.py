@@ -15,6 +15,8 @@ be queued, where neither sacct nor squeue can tell, is submitted again only with
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import socket
 import time
@@ -27,7 +29,7 @@ from ..rundir.owner import identity
 from .plan import PlannedRun, SweepSpec
 from .runs import Outcome, SweepLog, write_manifest
 from .slurm_job import TrainJob
-from .slurm_options import SlurmOptions, executor_parameters
+from .slurm_options import SlurmOptions, executor_parameters, sbatch_refusal
 from .status import (
     RESUBMIT,
     UNKNOWN_STATE,
@@ -111,8 +113,15 @@ class SlurmLauncher:
         executor = make_executor(sweep_dir / SUBMITIT_DIR, self.options,
                                  f"adalora-{spec.name}", self.cluster)
         nproc = max(1, self.options.gpus_per_job)
-        with executor.batch():  # one job array on SLURM
-            pending = [executor.submit(TrainJob(run, sweep_dir, nproc)) for run in todo]
+        try:
+            # submitit prints sbatch's stderr itself when sbatch fails; said here in one line
+            with contextlib.redirect_stderr(io.StringIO()), executor.batch():  # one array
+                pending = [executor.submit(TrainJob(run, sweep_dir, nproc)) for run in todo]
+        except Exception as err:
+            refused = sbatch_refusal(err, self.options)
+            if refused is None:
+                raise
+            raise refused from None
         jobs = {run.name: job for run, job in zip(todo, pending)}
         self._record(jobs, sweep_dir)
         return jobs

@@ -12,7 +12,9 @@ commas of its own: ``sbatch.exclude=node1,node2,partition=gpu`` is two items.
 from __future__ import annotations
 
 import re
+import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..config import ConfigError
 
@@ -140,6 +142,33 @@ def parse_slurm(items: list[str]) -> SlurmOptions:
         raise ConfigError("--launcher slurm needs the jobs' time limit: add --slurm "
                           "time=HH:MM:SS (e.g. time=24:00:00)")
     return SlurmOptions(**fields, sbatch=extra)
+
+
+def sbatch_refusal(err: BaseException, opts: SlurmOptions) -> ConfigError | None:
+    """sbatch's refusal of the jobs (submitit's FailedJobError, from sbatch's non-zero exit
+    and its stderr) as one line: sbatch's own error and what to change; None for any
+    other error. The usual one: ``gpus_per_job`` (default 1) on nodes without GPUs, which
+    sbatch calls an invalid generic resource (gres)."""
+    cause = err.__cause__  # submitit raises from the CalledProcessError of its command
+    if not isinstance(cause, subprocess.CalledProcessError) or not isinstance(
+            cause.cmd, (list, tuple)) or Path(str(cause.cmd[0])).name != "sbatch":
+        return None
+    lines = [line.strip() for line in str(cause.stderr or err).splitlines() if line.strip()]
+    said = next((line for line in lines if "error" in line.lower()), lines[0] if lines else
+                "sbatch failed without a message")
+    said = re.sub(r"^sbatch:\s*error:\s*", "", said)
+    gres = re.search(r"\bgres\b|generic resource", "\n".join(lines), re.IGNORECASE)
+    if opts.gpus_per_job and gres:  # the jobs' GPUs are their only generic resource
+        n = opts.gpus_per_job
+        fix = (f"each job asks for {n} GPU{'s' if n > 1 else ''} (--slurm gpus_per_job={n}"
+               f"{', the default' if n == 1 else ''}): on nodes without GPUs submit CPU jobs "
+               "with --slurm gpus_per_job=0, or pick a partition with GPUs (--slurm "
+               "partition=...)")
+    else:
+        fix = ("change what it names in --slurm (sbatch.<flag>=<value> passes any other "
+               "sbatch option) and run the sweep again")
+    return ConfigError(f"sbatch refused the sweep's jobs, so none was submitted: {said}; "
+                       f"{fix}")
 
 
 def executor_parameters(opts: SlurmOptions, job_name: str) -> dict:
