@@ -568,7 +568,8 @@ class LogConfig:
     project: str | None = None
     """W&B project and MLflow experiment name; None means the sweep's name, else 'adalora'."""
     run_name: str | None = None
-    """Name of the run in the tracker; None means the run directory's name."""
+    """Name of the run in the tracker; None means the run directory's name. A plain name,
+    not a path: TensorBoard makes it a folder under tensorboard_dir."""
     tensorboard_dir: str | None = None
     """TensorBoard log folder; None means <run dir>/tensorboard, so
     ``tensorboard --logdir runs/`` shows every run."""
@@ -591,6 +592,13 @@ class LogConfig:
 
     def __post_init__(self) -> None:
         _check_finite(self, "log")
+        # TensorBoard makes the name a folder under log.tensorboard_dir: a separator or a
+        # name of dots only would put it elsewhere (../x beside that folder)
+        name = self.run_name
+        _check(name is None or ("/" not in name and "\\" not in name and name.strip(".")),
+               f"log.run_name {shown(name)} is a path, not a name (TensorBoard writes into "
+               "a folder of that name under log.tensorboard_dir); give a plain name without "
+               "/ or \\, e.g. log.run_name=rte-lora-lr2e-3")
         # trackers: each named once, heatmap uploads at most this often
         _check(len(set(self.to)) == len(self.to),
                f"log.to names a tracker twice ({self.to}); list each once")

@@ -16,6 +16,7 @@ import typing
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
@@ -227,3 +228,33 @@ def test_a_resume_never_writes_through_a_linked_stream(stopped_run, tmp_path, st
     assert outside.read_bytes() == before
     assert (run / stream).is_symlink()
     assert json.loads((run / "status.json").read_text())["status"] == "running"  # as found
+
+
+# ------------------------------------------------------------------ names that are paths
+def write_manifest(path: Path, **fields) -> Path:
+    path.write_text(yaml.safe_dump({**fields, "runs": [
+        {"configs": [str(ROOT / SMOKE)], "methods": ["lora"],
+         "overrides": ["train.max_steps=2"]}]}))
+    return path
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "ABSOLUTE", "..", "a/b"])
+def test_a_manifest_name_that_is_a_path_is_refused(tmp_path, name):
+    if name == "ABSOLUTE":
+        name = str(tmp_path / "escaped")
+    manifest = write_manifest(tmp_path / "m.yaml", name=name)
+    line = refused("sweep", manifest, "--dry-run")
+    assert line == (f"error: {manifest}: name {name!r} must be letters, digits, '.', '_' or "
+                    "'-', not only dots (it names the sweep's folder, runs/<name>), e.g. "
+                    "name: table1_glue; pick where the sweep goes with --sweep-dir")
+    assert not (tmp_path / "escaped").exists()
+
+
+@pytest.mark.parametrize("name", ["../x", "/tmp/x", "..", "a\\b"])
+def test_a_tracker_run_name_that_is_a_path_is_refused(tmp_path, name):
+    line = refused("train", SMOKE, *SHORT, f"log.run_name={name}",
+                   f"log.tensorboard_dir={tmp_path / 'tb'}", "--run-dir", tmp_path / "run")
+    assert line == (f"error: log.run_name {name!r} is a path, not a name (TensorBoard writes "
+                    "into a folder of that name under log.tensorboard_dir); give a plain name "
+                    "without / or \\, e.g. log.run_name=rte-lora-lr2e-3")
+    assert sorted(os.listdir(tmp_path)) == []

@@ -17,6 +17,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from ..config import ConfigError, load_config, read_yaml
+from ..errors import shown
 from ..methods.registry import METHODS, init_rank_for, method_spec, round_half_up
 from ..tracking import check_trackers
 
@@ -121,7 +122,7 @@ def parse_methods(text: str | list[str] | None) -> list[str] | None:
     methods = [str(m).strip() for m in items if str(m).strip()]
     bad = [m for m in methods if m not in METHODS]  # the registry's names
     if bad or not methods:
-        raise ConfigError(f"unknown method {bad[0] if bad else text!r}; "
+        raise ConfigError(f"unknown method {shown(bad[0] if bad else text)}; "
                           f"choose from {', '.join(METHODS)}")
     return list(dict.fromkeys(methods))
 
@@ -151,7 +152,7 @@ def _group(raw: object, i: int, path: Path, seeds: list[int]) -> Group:
                           "valid keys: configs, methods, budgets, seeds, overrides, tag")
     tag = str(raw.get("tag") or "")
     if tag and not _TAG.fullmatch(tag):
-        raise ConfigError(f"{where}: tag {tag!r} must be letters, digits, '.', '_' or '-' "
+        raise ConfigError(f"{where}: tag {shown(tag)} must be letters, digits, '.', '_' or '-' "
                           "(it becomes part of a directory name), e.g. tag: lr2e-3")
     configs = raw["configs"] if isinstance(raw["configs"], list) else [raw["configs"]]
     as_text = ",".join(str(b) for b in raw["budgets"]) if raw.get("budgets") else None
@@ -179,7 +180,14 @@ def load_manifest(path: Path) -> SweepSpec:
     groups = [_group(raw, i, path, seeds) for i, raw in enumerate(data["runs"])]
     groups = [Group(g.configs, g.methods, g.budgets, g.seeds, shared + g.overrides, g.tag)
               for g in groups]
-    return SweepSpec(str(data.get("name") or path.stem), groups, path)
+    name = str(data.get("name") or path.stem)
+    # the name is a folder under runs/, as a tag is part of one: ../x or /x would put the
+    # sweep's runs and logs outside it
+    if not _TAG.fullmatch(name) or not name.strip("."):
+        raise ConfigError(f"{path}: name {shown(name)} must be letters, digits, '.', '_' or "
+                          "'-', not only dots (it names the sweep's folder, runs/<name>), "
+                          "e.g. name: table1_glue; pick where the sweep goes with --sweep-dir")
+    return SweepSpec(name, groups, path)
 
 
 def build_spec(source: Path, budgets: str | None = None, methods: str | None = None,
