@@ -258,3 +258,23 @@ def test_a_tracker_run_name_that_is_a_path_is_refused(tmp_path, name):
                     "into a folder of that name under log.tensorboard_dir); give a plain name "
                     "without / or \\, e.g. log.run_name=rte-lora-lr2e-3")
     assert sorted(os.listdir(tmp_path)) == []
+
+
+# ------------------------------------------------------------------ predict
+@pytest.mark.parametrize("config, column, value, what", [
+    (SMOKE_LM, "prompt", None, "null"),
+    (SMOKE, "sentence", "", "empty"),
+    (SMOKE, "sentence", None, "null"),
+    (SMOKE, "sentence", "   ", "empty"),
+])
+def test_predict_refuses_a_row_with_nothing_to_predict_from(smoke_runs, tmp_path, config,
+                                                            column, value, what):
+    run = smoke_runs(config, *SHORT)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"id": f"r{i}", column: v}) + "\n" for i, v in
+                            enumerate(["a question we can answer ?", value, "fine ."])))
+    out = tmp_path / "out.jsonl"
+    line = refused("predict", run, "--input", rows, "--output", out, "--quiet")
+    assert line == (f"error: --input {rows}: row 2 (id 'r1') has {what} {column!r}; every row "
+                    "needs one to predict from: fill it in or drop the row")
+    assert sorted(os.listdir(tmp_path)) == ["rows.jsonl"]

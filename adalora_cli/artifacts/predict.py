@@ -4,8 +4,9 @@ The input is a jsonl/csv/tsv/json/parquet table in the task's columns; an ``id``
 carried over, else the row index is. What each row gets is the task's to say
 (``Task.predict_rows``; docs/using-a-run.md lists them): a class name and probabilities, an
 answer, a summary, a response. Everything that can be wrong with the arguments (a missing
-``--input``, its columns, an existing ``--output``) is said before the model loads. Rows go
-through in batches of ``--batch-size`` with a progress bar.
+``--input``, its columns, a row with nothing to predict from, an existing ``--output``) is
+said before the model loads. Rows go through in batches of ``--batch-size`` with a progress
+bar.
 
 The output is written under a temporary name and renamed when complete, and an existing
 file is never overwritten.
@@ -22,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..config import ConfigError, load_config
-from ..errors import writing
+from ..errors import shown, writing
 from ..rundir.layout import CONFIG
 from .export import check_run
 
@@ -43,6 +44,21 @@ def read_input(input_path: Path):
     return read_table(input_path)
 
 
+def check_filled(ds, columns: list[str], where: str) -> None:
+    """Refuse, in one line naming the row, an input row that leaves a column the task reads
+    null or empty: the model would answer it anyway (a causal LM continues an empty prompt
+    with whatever it likes, a classifier scores the empty sentence) and nothing in the
+    output would say the answer was about nothing."""
+    for column in columns:
+        for i, value in enumerate(ds[column]):
+            if value is None or (isinstance(value, (str, list, dict))
+                                 and not (value.strip() if isinstance(value, str) else value)):
+                ident = f" (id {shown(ds['id'][i])})" if "id" in ds.column_names else ""
+                what = "null" if value is None else "empty"
+                raise ConfigError(f"{where}: row {i + 1}{ident} has {what} {column!r}; every "
+                                  "row needs one to predict from: fill it in or drop the row")
+
+
 def predict(run_dir: str | Path, input_path: str | Path, output_path: str | Path, *,
             batch_size: int = 32, device: str = "cpu", quiet: bool = False) -> int:
     """Write one prediction per input row to ``output_path`` (jsonl); returns the row count."""
@@ -59,7 +75,8 @@ def predict(run_dir: str | Path, input_path: str | Path, output_path: str | Path
                           "never overwrite)")
     ds = read_input(input_path)
     task = get_task(resolve_resources(load_config(run_dir / CONFIG)))
-    task.predict_columns(list(ds.column_names), f"--input {input_path}")  # before the model
+    where = f"--input {input_path}"
+    check_filled(ds, task.predict_columns(list(ds.column_names), where), where)  # before the model
     dev = pick_device(device, setting="--device")
     model, tokenizer, _ = load_run(run_dir, str(dev))
     model.eval()

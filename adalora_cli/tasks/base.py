@@ -109,10 +109,11 @@ class Task(ABC):
     # ---------------------------------------------------------------- predict
 
     @abstractmethod
-    def predict_columns(self, columns: Sequence[str], where: str) -> None:
+    def predict_columns(self, columns: Sequence[str], where: str) -> list[str]:
         """Refuse, in one line naming ``where`` (``--input FILE``), an ``adalora predict``
         input without the columns :meth:`predict_rows` reads: checked before the model
-        loads."""
+        loads. Returns the columns it will read from a table with ``columns``, each of
+        which every row must fill (``adalora predict`` refuses a null or empty one)."""
 
     @abstractmethod
     def predict_rows(self, model: nn.Module, tokenizer: Any, ds: Any,
@@ -121,10 +122,12 @@ class Task(ABC):
         the columns :meth:`predict_columns` checked), in row order."""
 
 
-def require(columns: Sequence[str], needed: Sequence[str], where: str) -> None:
-    """A table (``columns``) lacking one of ``needed`` is a one-line ConfigError."""
+def require(columns: Sequence[str], needed: Sequence[str], where: str) -> list[str]:
+    """A table (``columns``) lacking one of ``needed`` is a one-line ConfigError; returns
+    ``needed``."""
     missing = [c for c in needed if c not in columns]
     if missing:
         raise ConfigError(f"{where} lacks column {missing[0]!r} (it has "
                           f"{', '.join(columns) or 'no columns'}); the task reads "
                           f"{', '.join(needed)}")
+    return list(needed)

@@ -238,13 +238,14 @@ class CausalLMTask(Task):
 
     # ---------------------------------------------------------------- predict
 
-    def predict_columns(self, columns: Sequence[str], where: str) -> None:
+    def predict_columns(self, columns: Sequence[str], where: str) -> list[str]:
         task = self.cfg.task
         wanted = (task.messages_column, task.prompt_column, task.text_column)
         if not any(c in columns for c in wanted):
             raise ConfigError(f"{where} has no {task.prompt_column!r} (or "
                               f"{task.messages_column!r}, {task.text_column!r}) column; it has "
                               f"{', '.join(columns) or 'no columns'}")
+        return [next(c for c in wanted if c in columns)]  # the one predict_rows reads
 
     def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,
                      device: torch.device) -> list[dict[str, Any]]:

@@ -249,8 +249,8 @@ class TextClassificationTask(Task):
 
     # ---------------------------------------------------------------- predict
 
-    def predict_columns(self, columns: Sequence[str], where: str) -> None:
-        require(columns, self.spec.text_columns, where)
+    def predict_columns(self, columns: Sequence[str], where: str) -> list[str]:
+        return require(columns, self.spec.text_columns, where)
 
     @torch.no_grad()
     def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,

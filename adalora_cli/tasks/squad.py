@@ -271,8 +271,8 @@ class SquadTask(Task):
 
     # ---------------------------------------------------------------- predict
 
-    def predict_columns(self, columns: Sequence[str], where: str) -> None:
-        require(columns, ("question", "context"), where)
+    def predict_columns(self, columns: Sequence[str], where: str) -> list[str]:
+        return require(columns, ("question", "context"), where)
 
     @torch.no_grad()
     def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,

@@ -304,8 +304,8 @@ class SummarizationTask(Task):
 
     # ---------------------------------------------------------------- predict
 
-    def predict_columns(self, columns: Sequence[str], where: str) -> None:
-        require(columns, (self.spec.source_column,), where)
+    def predict_columns(self, columns: Sequence[str], where: str) -> list[str]:
+        return require(columns, (self.spec.source_column,), where)
 
     @torch.no_grad()
     def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,
