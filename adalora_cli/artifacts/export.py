@@ -11,7 +11,8 @@ registry (``peft_type``, ``mergeable``).
 (``export``) so that an export never has to guess the base model, its revision, the adapted
 modules or the method's hyperparameters. A run trained on a GGUF file gets its record
 (file, sha256) beside either format as ``base_gguf.json``, and its PEFT export names the
-dequantized base folder written once into the cache (:mod:`.gguf_base`).
+dequantized base folder written once into the cache (:mod:`.gguf_base`). Every export holds
+``precision.json``: the precision the run's own scores came from, and how to run it so.
 """
 
 from __future__ import annotations
@@ -107,7 +108,25 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path,
         info = writer(run_dir, model, tokenizer, cfg, summary, tmp)
         if base is not None:
             gguf_base.write_record(tmp, base, **extra)
+        info["precision"] = write_precision(tmp, summary, fmt)
         return info
 
     info = write_atomically(out, write)
     return {"format": fmt, "out": str(out), **info, **extra}
+
+
+def write_precision(folder: Path, summary: Summary, fmt: str) -> dict[str, Any]:
+    """``precision.json``: the precision the run's own scores came from and how to run the
+    export in it (a bf16 run scored in fp32 can answer differently); a model card
+    (``README.md``) already written gets the same sentence."""
+    import json
+
+    from .scoring import PRECISION_FILE, precision_record
+
+    record = precision_record(summary, fmt)
+    (folder / PRECISION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    card = folder / "README.md"
+    if card.is_file():
+        with card.open("a", encoding="utf-8") as handle:
+            handle.write(f"\n## Precision\n\n{record['how']}\n")
+    return record

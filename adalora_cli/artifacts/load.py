@@ -4,7 +4,10 @@ Parameter-efficient runs save only what was trained (adapter + task head) as
 ``adapter_model.safetensors``; masked AdaLoRA singular values are saved as the zeros
 they are, so the rank pattern travels with the weights. ``full`` saves the whole model
 with ``save_pretrained``. ``load_run`` rebuilds the model from ``config.yaml`` and loads
-the weights back, which is all a later evaluation or resume needs.
+the weights back, which is all a later evaluation or resume needs. Asked for a
+half-precision base (``dtype``), it builds the model the way the run's build did: loaded
+in that dtype, the trained parameters in fp32, every frozen one cast, so that a run that
+trained on a bf16 base is scored again on the same bf16 weights.
 """
 
 from __future__ import annotations
@@ -12,10 +15,17 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file
 
 from ..config import ConfigError, RunConfig, load_config
-from ..engine.build import load_model, resolve_resources, seed_everything
+from ..engine.build import (
+    cast_frozen,
+    load_model,
+    resolve_resources,
+    seed_everything,
+    trained_in_fp32,
+)
 from ..errors import first_line
 from ..methods import apply_method
 from ..methods.registry import method_spec
@@ -37,8 +47,9 @@ def check_weights(run_dir: Path, cfg: RunConfig) -> None:
                       "or train the run again")
 
 
-def load_run(run_dir: str | Path, device: str = "cpu"):
-    """Rebuild a finished run's model with its trained weights: ``(model, tokenizer, cfg)``."""
+def load_run(run_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Rebuild a finished run's model with its trained weights: ``(model, tokenizer, cfg)``;
+    its frozen base in ``dtype`` (the trained adapter and head stay fp32)."""
     run_dir = Path(run_dir)
     cfg = resolve_resources(load_config(run_dir / CONFIG))
     check_weights(run_dir, cfg)
@@ -52,9 +63,11 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
     # the rebuilt model draws the same values.
     seed_everything(cfg.train.seed)
     task = get_task(cfg)
-    model, tokenizer = load_model(task, cfg)
+    # a whole model trained every weight in fp32: there is no frozen base to cast
+    model, tokenizer = load_model(task, cfg, torch.float32 if whole else dtype)
     if not whole:
-        apply_method(model, cfg, None)
+        handle = apply_method(model, cfg, None)
+        trained_in_fp32(handle.trainable)  # a head made beside a bf16 base is made in bf16
         try:
             state = load_file(str(run_dir / WEIGHTS))
         except Exception as err:  # noqa: BLE001 - safetensors' own error type: a damaged file
@@ -66,4 +79,5 @@ def load_run(run_dir: str | Path, device: str = "cpu"):
             raise ValueError(f"{run_dir / WEIGHTS} holds tensors the rebuilt model lacks: "
                              f"{sorted(missing)[:3]}")
         model.load_state_dict(state, strict=False)
+        cast_frozen(model, dtype)  # as the build does after loading: e.g. BERT's pooler
     return model.to(device), tokenizer, cfg

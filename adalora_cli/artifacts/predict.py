@@ -6,7 +6,9 @@ carried over, else the row index is. What each row gets is the task's to say
 answer, a summary, a response. Everything that can be wrong with the arguments (a missing
 ``--input``, its columns, a row with nothing to predict from, an existing ``--output``) is
 said before the model loads. Rows go through in batches of ``--batch-size`` with a progress
-bar.
+bar, on the run's device and in the precision its own scores came from unless ``--device``
+or ``--precision`` say otherwise (:mod:`.scoring`), so that a row of the run's evaluation
+data gets the prediction the run's evaluation made.
 
 The output is written under a temporary name and renamed when complete, and an existing
 file is never overwritten.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,25 +63,35 @@ def check_filled(ds, columns: list[str], where: str) -> None:
 
 
 def predict(run_dir: str | Path, input_path: str | Path, output_path: str | Path, *,
-            batch_size: int = 32, device: str = "cpu", quiet: bool = False) -> int:
-    """Write one prediction per input row to ``output_path`` (jsonl); returns the row count."""
-    from ..engine.build import pick_device, resolve_resources
+            batch_size: int = 32, device: str | None = None, precision: str | None = None,
+            quiet: bool = False) -> int:
+    """Write one prediction per input row to ``output_path`` (jsonl); returns the row count.
+    ``device`` and ``precision`` (a ``train.precision`` value): None for the run's own."""
+    from ..engine.build import resolve_resources
     from ..tasks import get_task
     from .load import load_run
+    from .scoring import check_precision, choose, predict_device
 
     run_dir, input_path, output_path = Path(run_dir), Path(input_path), Path(output_path)
-    check_run(run_dir)
+    summary = check_run(run_dir)
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    if precision is not None:
+        check_precision(precision, "--precision")
     if output_path.exists():
         raise ConfigError(f"{output_path} already exists; choose a new --output (predictions "
                           "never overwrite)")
     ds = read_input(input_path)
-    task = get_task(resolve_resources(load_config(run_dir / CONFIG)))
+    cfg = resolve_resources(load_config(run_dir / CONFIG))
+    task = get_task(cfg)
     where = f"--input {input_path}"
     check_filled(ds, task.predict_columns(list(ds.column_names), where), where)  # before the model
-    dev = pick_device(device, setting="--device")
-    model, tokenizer, _ = load_run(run_dir, str(dev))
+    scoring = choose(cfg, summary, predict_device(cfg, device), precision,
+                     lambda value: f"--precision {value}")
+    dev = scoring.device
+    if not quiet:
+        print(scoring.line, file=sys.stderr, flush=True)
+    model, tokenizer, _ = load_run(run_dir, str(dev), scoring.base_dtype)
     model.eval()
     task.tokenizer = tokenizer
     ids = _ids(ds)
@@ -96,7 +109,9 @@ def predict(run_dir: str | Path, input_path: str | Path, output_path: str | Path
             bar = progress.add_task("predict", total=len(ds))
             for lo in range(0, len(ds), batch_size):
                 chunk = ds.select(range(lo, min(lo + batch_size, len(ds))))
-                rows = task.predict_rows(model, tokenizer, chunk, dev)
+                # the tasks' own autocast is off in predict_rows; this one covers it all
+                with scoring.autocast():
+                    rows = task.predict_rows(model, tokenizer, chunk, dev)
                 with written():
                     for key, row in zip(ids[lo:lo + batch_size], rows):
                         handle.write(json.dumps({"id": key, **row}, ensure_ascii=False) + "\n")

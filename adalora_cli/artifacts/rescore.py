@@ -2,7 +2,9 @@
 
 The run is rebuilt with :func:`adalora_cli.weights.load_run`; ``key=value`` overrides may
 change only where the data comes from and how it is read (``task.*``) and how it is run
-(``train.eval_batch_size``, ``train.device``, ``train.precision``). Results go to
+(``train.eval_batch_size``, ``train.device``, ``train.precision``). It scores in the
+precision the run's own scores came from, unless ``train.precision`` says otherwise
+(:mod:`.scoring`), and says which. Results go to
 ``eval/<name>.json`` (and predictions to ``eval/<name>/``) inside the run directory; the
 training results (``summary.json``, ``metrics.jsonl``, ``predictions.*``) are never touched.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -86,35 +89,43 @@ def _train_source(trained: RunConfig, files: dict[str, str]) -> str:
 def rescore(run_dir: str | Path, overrides: list[str] | None = None,
             name: str | None = None, quiet: bool = False) -> Path:
     """Evaluate a finished run; returns the path of ``eval/<name>.json``."""
-    from ..engine.build import autocast_factory, pick_device
+    from ..engine.build import pick_device
     from ..errors import warning
     from ..tasks import get_task
     from .load import load_run
+    from .scoring import choose
 
     run_dir, overrides = Path(run_dir), list(overrides or [])
-    check_run(run_dir)
+    summary = check_run(run_dir)
     check_overrides(overrides)
     cfg = eval_config(run_dir, overrides)
     label = eval_name(cfg, overrides, name)
-    device = pick_device(cfg.train.device)
+    asked = cfg.train.precision if any(
+        o.partition("=")[0].strip() == "train.precision" for o in overrides) else None
+    scoring = choose(cfg, summary, pick_device(cfg.train.device), asked,
+                     lambda value: f"train.precision={value}")
+    device = scoring.device
+    if not quiet:
+        print(scoring.line, file=sys.stderr, flush=True)
     task = get_task(cfg)
-    model, tokenizer, _ = load_run(run_dir, str(device))
+    model, tokenizer, _ = load_run(run_dir, str(device), scoring.base_dtype)
     data = task.load_data(tokenizer)
     for line in data.notes:  # e.g. rows left out of the scored split
         warning(line)
-    autocast, _ = autocast_factory(cfg.train.precision, device)
     metrics: dict[str, dict[str, float]] = {}
     for split, dataset in data.eval_splits.items():
         if not quiet:
             print(f"evaluating {split} ({len(dataset)} rows)", flush=True)
         scores = task.evaluate(model, split, dataset, batch_size=cfg.train.eval_batch_size,
-                               collate=data.collate, device=device, autocast=autocast)
+                               collate=data.collate, device=device, autocast=scoring.autocast)
         metrics[split] = {k: float(v) for k, v in scores.items()}
-    return _write_result(run_dir, label, overrides, metrics, data.info, task)
+    return _write_result(run_dir, label, overrides, metrics, data.info, task,
+                         scoring.record())
 
 
 def _write_result(run_dir: Path, label: str, overrides: list[str],
-                  metrics: dict[str, dict[str, float]], info: dict[str, Any], task) -> Path:
+                  metrics: dict[str, dict[str, float]], info: dict[str, Any], task,
+                  precision: dict[str, Any]) -> Path:
     folder = run_dir / EVAL_DIR
     folder.mkdir(exist_ok=True)
     (folder / label).mkdir(exist_ok=True)  # SQuAD answers, summaries: beside the scores
@@ -123,7 +134,7 @@ def _write_result(run_dir: Path, label: str, overrides: list[str],
         (folder / label).rmdir()  # a task without predictions leaves no empty folder
     data = {k: v for k, v in info.items() if not k.startswith("train_")}
     result = {"name": label, "overrides": overrides, "metrics": metrics, "data": data,
-              "predictions": written,
+              "predictions": written, "precision": precision,
               "evaluated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     path = folder / f"{label}.json"
     write_json_atomic(path, result)

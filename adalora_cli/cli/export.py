@@ -49,6 +49,11 @@ def export(
         console.print(f"merged {info['merged_matrices']} matrices into a "
                       f"{info['model_class']}: {info['bytes']:,} bytes", highlight=False,
                       soft_wrap=True)
+    precision = info.get("precision") or {}
+    if precision.get("autocast") in ("bf16", "fp16"):  # fp32 needs no saying
+        console.print(f"precision.json: the run scored in {precision['autocast']} autocast "
+                      f"(base weights in {precision['base_dtype']}); it says how to run the "
+                      "export in that precision", highlight=False, soft_wrap=True)
     if "base_folder" in info:
         console.print(f"PEFT base (the GGUF file dequantized): {info['base_folder']}",
                       highlight=False, soft_wrap=True)

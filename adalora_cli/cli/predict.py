@@ -16,7 +16,14 @@ def predict(
     output_path: Path = typer.Option(..., "--output", "-o", metavar="FILE",
                                      help="jsonl to write (new file)"),
     batch_size: int = typer.Option(32, "--batch-size", help="Rows per batch"),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
+    device: str | None = typer.Option(
+        None, "--device", metavar="DEVICE",
+        help="cpu, cuda, cuda:1, ... (default: the run's train.device, auto: CUDA when "
+             "present)"),
+    precision: str | None = typer.Option(
+        None, "--precision", metavar="PRECISION",
+        help="fp32, bf16, fp16 or auto (default: the precision the run's own scores came "
+             "from, e.g. bf16 autocast; said on stderr)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """A finished run's predictions for new rows: labels, answers, summaries or replies.
@@ -32,6 +39,10 @@ def predict(
       summarization   its source column, e.g. document    summary
       causal_lm       prompt, messages or text            response
 
+    It runs on the run's device and in the precision the run's own scores came from (one
+    line on stderr says which), so a row of the run's evaluation data gets the prediction
+    its evaluation made; --device and --precision change them.
+
     Examples:
       adalora predict runs/sst2-lora-s0-... -i reviews.csv -o labels.jsonl
       adalora predict runs/squad_v2-adalora-s0-... -i qs.jsonl -o answers.jsonl
@@ -42,5 +53,5 @@ def predict(
     quiet_libraries()
     with boundary():
         n = predict_rows(run_dir, input_path, output_path, batch_size=batch_size,
-                         device=device, quiet=quiet)
+                         device=device, precision=precision, quiet=quiet)
     out().print(f"wrote {n} predictions to {output_path}", highlight=False, soft_wrap=True)
