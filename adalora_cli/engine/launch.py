@@ -36,16 +36,14 @@ from ..errors import EXIT_FAILED, EXIT_PREEMPTED
 from ..rundir.owner import PARENT_ENV
 from ..threads import child_defaults
 
-RANK_MAIN = """\
-import importlib.util, os, runpy, sys
-origin = sys.argv.pop(1)
-if sys.path and sys.path[0] == "":
-    del sys.path[0]
-spec = importlib.util.find_spec("adalora_cli")
-if spec is None or spec.origin != origin:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(origin)))
-runpy.run_module("adalora_cli", run_name="__main__", alter_sys=True)
-"""
+RANK_MAIN = "; ".join([  # one line, so the "$ ..." line a sweep logs stays one line
+    "import importlib.util, os, runpy, sys",
+    "origin = sys.argv.pop(1)",
+    "sys.path[:1] = [] if sys.path[:1] == [''] else sys.path[:1]",
+    "spec = importlib.util.find_spec('adalora_cli')",
+    "spec is not None and spec.origin == origin"
+    " or sys.path.insert(0, os.path.dirname(os.path.dirname(origin)))",
+    "runpy.run_module('adalora_cli', run_name='__main__', alter_sys=True)"])
 """Each rank's program (``python -c RANK_MAIN ORIGIN ARGS``): ``adalora_cli`` from the file
 ``ORIGIN`` (the launcher's ``adalora_cli/__init__.py``), never from the current directory
 (``-c`` puts it first on ``sys.path``), then ``python -m adalora_cli ARGS``."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import submitit
 import yaml
 from typer.testing import CliRunner
 
+import adalora_cli
 from adalora_cli.cli import app
 from adalora_cli.config import ConfigError
 from adalora_cli.rundir.run import RunDir, is_finished
@@ -104,11 +106,13 @@ def test_a_multi_gpu_job_is_one_torchrun(tmp_path):
     run = PlannedRun("r", Path(SMOKE), "lora", None, 0, ("method.name=lora",), "")
     cmd = train_command(run, tmp_path / "r", resume=False, nproc=4)
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-                        "-m"]
-    assert cmd[6:] == ["adalora_cli", "train", SMOKE, "method.name=lora", "--run-dir",
-                       str(tmp_path / "r")]
-    assert train_command(run, tmp_path / "r", resume=True)[1:] == [
-        "-m", "adalora_cli", "train", "--resume", str(tmp_path / "r")]
+                        "--no-python"]
+    # each rank: this interpreter running this adalora_cli (tests/sweep/test_child_imports.py)
+    assert cmd[6:8] == [sys.executable, "-c"]
+    assert cmd[9:] == [os.path.abspath(adalora_cli.__file__), "train", SMOKE,
+                       "method.name=lora", "--run-dir", str(tmp_path / "r")]
+    assert train_command(run, tmp_path / "r", resume=True)[3:] == [
+        os.path.abspath(adalora_cli.__file__), "train", "--resume", str(tmp_path / "r")]
 
 
 @pytest.mark.parametrize("args, fragment", [
