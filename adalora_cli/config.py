@@ -64,7 +64,8 @@ class TaskConfig:
     revision: str | None = None
     """Hub dataset revision: a branch, tag, commit id, or refs/convert/parquet (the hub's
     parquet conversion). None means main, or the conversion when main holds a loading
-    script that the datasets library no longer runs (EdinburghNLP/xsum)."""
+    script that the datasets library no longer runs (EdinburghNLP/xsum). Refused beside
+    data_dir or data_files: local files have no revisions."""
     data_dir: str | None = None
     """Local folder holding ``<split>.{tsv,csv,json,jsonl,parquet}`` files in the hub's columns."""
     data_files: dict[str, str] | None = None
@@ -135,6 +136,13 @@ class TaskConfig:
     def __post_init__(self) -> None:
         _check_finite(self, "task")
         _check(self.max_length >= 8, f"task.max_length must be >= 8, got {self.max_length}")
+        # local files have no revisions: accepted, the key would be silently ignored
+        local = "task.data_files" if self.data_files else "task.data_dir" if self.data_dir else ""
+        if self.revision is not None and local:
+            raise ConfigError(f"task.revision {shown(self.revision)} pins a revision of a hub "
+                              f"dataset, but {local} reads local files, which have none; "
+                              f"drop one of them ({local}=null reads the hub at that "
+                              "revision, task.revision=null the local files)")
         # each family's own keys, checked whatever the task (the defaults all pass); checks
         # that tie two keys of one family (SQuAD's doc_stride < max_length) are its own
         _check(self.n_best >= 1 and self.max_answer_length >= 1,

@@ -278,3 +278,42 @@ def test_predict_refuses_a_row_with_nothing_to_predict_from(smoke_runs, tmp_path
     assert line == (f"error: --input {rows}: row 2 (id 'r1') has {what} {column!r}; every row "
                     "needs one to predict from: fill it in or drop the row")
     assert sorted(os.listdir(tmp_path)) == ["rows.jsonl"]
+
+
+# ------------------------------------------------------------------ keys that mean nothing
+def test_a_revision_of_local_files_is_refused(tmp_path):
+    line = refused("train", SMOKE, *SHORT, "task.revision=junk", "--run-dir", tmp_path / "run")
+    assert line == ("error: task.revision 'junk' pins a revision of a hub dataset, but "
+                    "task.data_dir reads local files, which have none; drop one of them "
+                    "(task.data_dir=null reads the hub at that revision, task.revision=null "
+                    "the local files)")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override, line", [
+    ("task.packing=true", "error: task.packing cannot change in eval: it packs training rows, "
+                          "and eval trains nothing"),
+    ("task.revision=junk", "error: task.revision 'junk' pins a revision of a hub dataset, but "
+                           "task.data_dir reads local files, which have none; drop one of "
+                           "them (task.data_dir=null reads the hub at that revision, "
+                           "task.revision=null the local files)"),
+])
+def test_eval_refuses_what_it_would_ignore(smoke_runs, override, line):
+    run = smoke_runs(SMOKE, *SHORT)  # refused before anything is written (the fixture checks)
+    assert refused("eval", run, override) == line
+    assert not (run / "eval").exists()
+
+
+def test_eval_of_a_pinned_hub_run_on_local_files_drops_the_revision(smoke_runs, tmp_path):
+    """A run trained on a hub revision, scored again on local files: the revision does not
+    apply to them, and is not refused as if the user had set both."""
+    from adalora_cli.artifacts.rescore import eval_config
+
+    run = copy_of(smoke_runs(SMOKE, *SHORT), tmp_path / "run")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["task"].update(data_dir=None, revision="abc123")
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        cfg = eval_config(run, ["task.data_dir=tests/fixtures/glue/sst2"])
+    assert cfg.task.revision is None and cfg.task.data_dir.endswith("tests/fixtures/glue/sst2")

@@ -30,6 +30,13 @@ from .export import check_run
 
 EVAL_DIR = EVAL
 ALLOWED = ("task.", "train.eval_batch_size", "train.device", "train.precision")
+TRAINING_ONLY = {
+    "task.name": "the model was trained for its task",
+    "task.max_train_samples": "it picks training rows, and eval trains nothing",
+    "task.packing": "it packs training rows, and eval trains nothing",
+}
+"""task.* keys eval refuses, and why: accepted, they would be silently ignored (or change
+what the model is)."""
 
 
 def check_overrides(overrides: list[str]) -> None:
@@ -38,8 +45,8 @@ def check_overrides(overrides: list[str]) -> None:
         if "=" not in item or not key.startswith(ALLOWED):
             raise ConfigError(f"eval takes task.* and train.eval_batch_size/device/precision "
                               f"overrides, not {item!r}; the trained model stays as it was")
-        if key.startswith(("task.name", "task.max_train_samples")):
-            raise ConfigError(f"{key} cannot change in eval: the model was trained for its task")
+        if key in TRAINING_ONLY:
+            raise ConfigError(f"{key} cannot change in eval: {TRAINING_ONLY[key]}")
 
 
 def eval_name(cfg: RunConfig, overrides: list[str], name: str | None) -> str:
@@ -62,6 +69,11 @@ def eval_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     from ..engine.build import resolve_resources
 
     trained = load_config(run_dir / CONFIG)
+    keys = [o.partition("=")[0].strip() for o in overrides]
+    if trained.task.revision is not None and "task.revision" not in keys and any(
+            k == "task.data_dir" or k.startswith("task.data_files") for k in keys):
+        # the run read a pinned hub revision; the files named here have none
+        overrides = [*overrides, "task.revision=null"]
     cfg = resolve_resources(load_config(run_dir / CONFIG, overrides))
     task = cfg.task
     files = dict(task.data_files) if task.data_files else None
