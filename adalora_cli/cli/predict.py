@@ -30,14 +30,15 @@ def predict(
 
     Reads --input (jsonl, csv, tsv, json or parquet) in the columns the run's task reads
     and writes --output, one JSON line per row: its id (the file's id column, else the row
-    number) and the prediction, by task family:
+    number) and the prediction, by task family (causal_lm's chat: a messages, sharegpt
+    conversations or alpaca instruction column, asked without its closing reply):
 
       family          reads                               writes
       classification  its text column(s), e.g. sentence   label, scores
       regression      its text column(s), e.g. sentence1  score
       squad           question, context                   answer
       summarization   its source column, e.g. document    summary
-      causal_lm       prompt, messages or text            response
+      causal_lm       prompt, text or a chat              response
 
     It runs on the run's device and in the precision the run's own scores came from (one
     line on stderr says which), so a row of the run's evaluation data gets the prediction

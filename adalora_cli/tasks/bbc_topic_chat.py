@@ -99,8 +99,8 @@ class BbcTopicChatTask(CausalLMTask):
         """A ``text`` column of leads is asked the training question; other shapes as
         ``causal_lm``."""
         task, columns = self.cfg.task, list(ds.column_names)
-        if task.text_column in columns and not {task.messages_column,
-                                                 task.prompt_column} & set(columns):
+        if task.text_column in columns and not {task.messages_column, task.prompt_column,
+                                                 "conversations", "instruction"} & set(columns):
             ds = datasets.Dataset.from_dict({task.messages_column: [
                 chat("" if x is None else str(x), system=self._system())
                 for x in ds[task.text_column]]})

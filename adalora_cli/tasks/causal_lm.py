@@ -32,15 +32,17 @@ from . import data as rawdata
 from . import eval_order
 from .base import Task, TaskData, no_autocast
 from .causal_lm_data import (
+    CHATS,
     LABEL_PAD,
-    check_messages,
+    SHAPE_WORDS,
+    chat_of,
     encode_row,
+    needed,
     pack,
     pad_left,
     pad_right,
     row_shape,
     usable_rows,
-    with_system,
 )
 from .pretrained import from_pretrained, load_config, load_tokenizer
 
@@ -240,29 +242,34 @@ class CausalLMTask(Task):
 
     def predict_columns(self, columns: Sequence[str], where: str) -> list[str]:
         task = self.cfg.task
-        wanted = (task.messages_column, task.prompt_column, task.text_column)
+        # in the order predict_rows takes them, which is how training tells a file's format
+        wanted = (task.messages_column, "conversations", "instruction", task.prompt_column,
+                  task.text_column)
         if not any(c in columns for c in wanted):
             raise ConfigError(f"{where} has no {task.prompt_column!r} (or "
-                              f"{task.messages_column!r}, {task.text_column!r}) column; it has "
+                              f"{task.messages_column!r}, sharegpt's 'conversations', alpaca's "
+                              f"'instruction', {task.text_column!r}) column; it has "
                               f"{', '.join(columns) or 'no columns'}")
         return [next(c for c in wanted if c in columns)]  # the one predict_rows reads
 
     def predict_rows(self, model: nn.Module, tokenizer: Any, ds: datasets.Dataset,
                      device: torch.device) -> list[dict[str, Any]]:
         """``adalora predict``: a ``response`` generated for every row's prompt (a chat's
-        messages, a prompt, or a text to continue)."""
+        messages; a sharegpt conversation or an alpaca instruction, asked as evaluation asks
+        it, without the closing reply; a prompt; or a text to continue)."""
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
         task, columns = self.cfg.task, list(ds.column_names)
-        if task.messages_column in columns:
+        kind = next((k for k in CHATS if needed(k, task)[0] in columns), None)
+        if kind is not None:
             if not getattr(tokenizer, "chat_template", None):
-                raise ConfigError("the input holds chat messages but the tokenizer has no chat "
-                                  f"template; give a {task.prompt_column!r} column instead")
+                raise ConfigError(f"the input holds {SHAPE_WORDS[kind]} but the tokenizer has "
+                                  f"no chat template; give a {task.prompt_column!r} column "
+                                  "instead")
             # rows come in batches, so a row number here would be the batch's: the bad value
             # is quoted instead
-            chats = [with_system(check_messages(m, "the input"), task.system_prompt)
-                     for m in ds[task.messages_column]]
+            chats = [chat_of(kind, row, task, "the input", reply=False) for row in ds]
             prompts = [tokenizer(tokenizer.apply_chat_template(
                 m, tokenize=False, add_generation_prompt=True),
                 add_special_tokens=False)["input_ids"] for m in chats]

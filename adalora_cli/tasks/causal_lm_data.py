@@ -209,16 +209,24 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def chat_of(kind: str, row: dict[str, Any], task: TaskConfig,
-            where: str) -> list[dict[str, Any]]:
+def chat_of(kind: str, row: dict[str, Any], task: TaskConfig, where: str,
+            reply: bool = True) -> list[dict[str, Any]]:
     """The conversation a chat-shaped row holds, as ``{role, content}`` turns, opened by
-    task.system_prompt when it has no system turn of its own."""
+    task.system_prompt when it has no system turn of its own. ``reply=False`` (``adalora
+    predict``) gives the turns the model is asked to answer: without a closing assistant
+    (gpt) turn, and an alpaca row without its output, as evaluation asks a validation row."""
     if kind == "messages":
         turns = check_messages(row[task.messages_column], where)
     elif kind == "sharegpt":
-        turns = _sharegpt_turns(row, where)
+        turns = _sharegpt_turns(row, where, reply)
     else:
-        turns = _alpaca_turns(row, where)
+        turns = _alpaca_turns(row, where, reply)
+    if not reply:
+        if turns[-1].get("role") == "assistant":
+            turns = turns[:-1]  # the reference reply of a validation row: asked, not given
+        if not any(t.get("role") == "user" for t in turns):
+            raise ConfigError(f"{where}: a chat to answer needs a user turn (sharegpt: "
+                              f"human), got {str(turns)[:60]!r}")
     return with_system(turns, task.system_prompt)
 
 
@@ -229,7 +237,7 @@ def with_system(turns: list[dict[str, Any]], system: str | None) -> list[dict[st
     return [{"role": "system", "content": system}, *turns]
 
 
-def _sharegpt_turns(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
+def _sharegpt_turns(row: dict[str, Any], where: str, reply: bool) -> list[dict[str, Any]]:
     conversation = row["conversations"]
     bad: Any = conversation
     if not isinstance(conversation, (str, bytes)) and hasattr(conversation, "__iter__"):
@@ -248,14 +256,14 @@ def _sharegpt_turns(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
                               "are read from human, gpt or system (user and assistant too; "
                               "tool turns are not read); rewrite or drop the row")
         turns.append({"role": role, "content": _text(turn["value"])})
-    if turns[-1]["role"] != "assistant":
+    if reply and turns[-1]["role"] != "assistant":
         raise ConfigError(f"{where}: a sharegpt conversation must end with a 'gpt' turn, the "
                           "reply the model learns to write")
     system = row.get("system")  # LLaMA-Factory's system column, when no turn is one
     return with_system(turns, str(system) if _present(system) else None)
 
 
-def _alpaca_turns(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
+def _alpaca_turns(row: dict[str, Any], where: str, reply: bool) -> list[dict[str, Any]]:
     turns = []
     if _present(row.get("system")):
         turns.append({"role": "system", "content": str(row["system"])})
@@ -269,8 +277,8 @@ def _alpaca_turns(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
                   {"role": "assistant", "content": pair[1]}]
     # LLaMA-Factory's join: "instruction\ninput", an empty input adding nothing
     query = "\n".join(str(row[c]) for c in ("instruction", "input") if _present(row.get(c)))
-    return turns + [{"role": "user", "content": query},
-                    {"role": "assistant", "content": str(row["output"])}]
+    turns.append({"role": "user", "content": query})
+    return turns + ([{"role": "assistant", "content": str(row["output"])}] if reply else [])
 
 
 def _chat_parts(tokenizer: Any, messages: list[dict[str, Any]],

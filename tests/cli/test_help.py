@@ -115,7 +115,7 @@ def test_predict_help_says_what_each_family_reads_and_writes():
     rows = _family_rows(help_text(("predict",)))
     assert set(rows) == {"classification", "regression", "squad", "summarization",
                          "causal_lm"}
-    assert rows["causal_lm"].split() == ["prompt,", "messages", "or", "text", "response"]
+    assert rows["causal_lm"].split() == ["prompt,", "text", "or", "a", "chat", "response"]
     assert rows["squad"].split() == ["question,", "context", "answer"]
     assert rows["classification"].endswith("label, scores")
     assert rows["regression"].endswith(" score")

@@ -20,6 +20,7 @@ from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, TaskConfig, load_config
 from adalora_cli.tasks import get_task
 from adalora_cli.tasks.causal_lm_data import LABEL_PAD, row_shape
+from adalora_cli.tasks.data import read_table
 from tests.conftest import FIXTURES, ROOT
 
 SMOKE = ROOT / "configs/smoke/causal_lm.yaml"
@@ -331,3 +332,63 @@ def test_the_recipe_trains_on_your_chats(tmp_path, in_repo, folder, reply) -> No
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     scored = [m for m in metrics if m.get("split") == "validation" and "exact_match" in m]
     assert [m["step"] for m in scored] == [0, 4]  # the base model first, as in the demo
+
+
+# ------------------------------------------------------------------------ predict
+
+
+@pytest.mark.parametrize("folder", [ALPACA, SHAREGPT, FIXTURES / "causal_lm/chat"])
+def test_predict_asks_a_validation_row_what_evaluation_asked(tmp_path, tok, monkeypatch,
+                                                             folder) -> None:
+    """A chat's closing reply (an assistant or gpt turn, an alpaca output) is left out: the
+    prompts are the evaluation's own prompt_ids, row for row (the file read as predict reads
+    its --input)."""
+    task = _task(f"task.data_dir={folder}")
+    asked = task.load_data(tok).eval_splits["validation"]["prompt_ids"]
+    seen = {}
+
+    def generate(model, prompts, **kwargs):
+        seen["prompts"] = prompts
+        return ["x"] * len(prompts)
+
+    monkeypatch.setattr(task, "generate", generate)
+    rows = read_table(folder / "validation.jsonl")
+    task.predict_columns(rows.column_names, "--input f")
+    assert task.predict_rows(None, tok, rows, "cpu") == [{"response": "x"}] * 8
+    assert seen["prompts"] == asked
+    # the same questions without their answers ask the same
+    if folder == ALPACA:
+        bare = [{k: v for k, v in r.items() if k != "output"} for r in _rows(folder)]
+    else:
+        column = "conversations" if folder == SHAREGPT else "messages"
+        bare = [{**r, column: r[column][:-1]} for r in _rows(folder)]
+    (tmp_path / "bare.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bare))
+    task.predict_rows(None, tok, read_table(tmp_path / "bare.jsonl"), "cpu")
+    assert seen["prompts"] == asked
+
+
+def test_predict_refuses_a_chat_without_a_user_turn(tok) -> None:
+    rows = datasets.Dataset.from_dict({"conversations": [[{"from": "gpt", "value": "Hi."}]]})
+    with pytest.raises(ConfigError) as err:
+        _task().predict_rows(None, tok, rows, "cpu")
+    assert str(err.value) == ("the input: a chat to answer needs a user turn (sharegpt: "
+                              "human), got '[]'")
+
+
+def test_predict_reads_alpaca_and_sharegpt_files(smoke_runs, tmp_path, in_repo) -> None:
+    run = smoke_runs(str(SMOKE), "method.name=lora", "train.max_steps=2")
+    for folder in (ALPACA, SHAREGPT):
+        out = tmp_path / f"{folder.name}.jsonl"
+        result = runner.invoke(app, ["predict", str(run), "-i", str(folder / "validation.jsonl"),
+                                     "-o", str(out), "-q"])
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(rows) == 8 and all(isinstance(r["response"], str) for r in rows)
+    given = tmp_path / "bad.jsonl"
+    given.write_text(json.dumps({"question": "Which river runs through Ivel?"}) + "\n")
+    result = runner.invoke(app, ["predict", str(run), "-i", str(given), "-o",
+                                 str(tmp_path / "no.jsonl"), "-q"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: --input {given} has no 'prompt' (or 'messages', sharegpt's 'conversations', "
+        "alpaca's 'instruction', 'text') column; it has question")
