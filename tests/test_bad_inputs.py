@@ -317,3 +317,24 @@ def test_eval_of_a_pinned_hub_run_on_local_files_drops_the_revision(smoke_runs, 
         mp.chdir(ROOT)
         cfg = eval_config(run, ["task.data_dir=tests/fixtures/glue/sst2"])
     assert cfg.task.revision is None and cfg.task.data_dir.endswith("tests/fixtures/glue/sst2")
+
+
+# ------------------------------------------------------------------ a sharded sweep
+@pytest.mark.parametrize("source", ["manifest", "config"])
+def test_a_sharded_sweep_on_one_process_per_run_is_refused_at_planning(tmp_path, source):
+    if source == "manifest":
+        args = [write_manifest(tmp_path / "m.yaml", name="sharded"), "train.sharding=fsdp"]
+    else:
+        args = [SMOKE, "train.max_steps=2", "train.sharding=fsdp", "--methods", "lora,adalora"]
+    line = refused("sweep", *args, "--sweep-dir", tmp_path / "sweep", "--dry-run")
+    which = ("run glue-lora-s0 sets" if source == "manifest" else
+             "2 runs (glue-lora-s0, ...) set")
+    assert line == (f"error: {which} train.sharding=fsdp, which needs several processes per "
+                    "run, but a local sweep starts each run as one process; give each run its "
+                    "GPUs on SLURM (--launcher slurm --slurm gpus_per_job=N, N >= 2), train "
+                    "it alone (adalora train CONFIG --nproc N), or drop train.sharding=fsdp")
+    assert not (tmp_path / "sweep").exists()
+    # where each run gets two processes (a SLURM job of two GPUs), the plan stands
+    result, _ = cli("sweep", *args, "--sweep-dir", tmp_path / "sweep", "--dry-run",
+                    "--launcher", "slurm", "--slurm", "gpus_per_job=2,time=1:00:00")
+    assert result.exit_code == 0, result.output

@@ -43,6 +43,8 @@ def run_sweep(req: SweepRequest, out: Console, err: Console) -> int:
     launcher = make_launcher(req.launcher, req.slurm, req.jobs, req.wait, req.resubmit)
     spec = sweeps.build_spec(req.source, req.budget, req.methods, req.seeds, req.overrides)
     runs = sweeps.plan(spec)
+    if not req.status:  # (a status only reads: it may name no --slurm options)
+        sweeps.check_processes(runs, launcher.processes_per_run, launcher.name)
     where = req.sweep_dir or Path("runs") / spec.name
     if where.exists() and not where.is_dir():
         raise ConfigError(f"--sweep-dir {where} is a file; pass a folder (it is created "

@@ -25,6 +25,8 @@ LAUNCHERS = ("local", "slurm")
 
 class Launcher(Protocol):
     name: str
+    processes_per_run: int
+    """How many processes each run gets (several make it a torchrun of that many ranks)."""
 
     def launch(self, spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path,
                quiet: bool = False) -> list[Outcome]:
@@ -34,6 +36,7 @@ class Launcher(Protocol):
 
 class LocalLauncher:
     name = "local"
+    processes_per_run = 1
 
     def __init__(self, jobs: int = 1):
         self.jobs = jobs

@@ -95,6 +95,8 @@ class PlannedRun:
     """Everything passed to ``adalora train`` after the config path."""
     size: str
     """The matched size in words, e.g. 'r0=4', 'r=2', 'd=8' ('' for BitFit and full)."""
+    sharded: bool = False
+    """``train.sharding=fsdp``: the run needs several processes (:func:`check_processes`)."""
 
 
 # --------------------------------------------------------------------------- parsing
@@ -284,7 +286,25 @@ def _planned(spec: SweepSpec, config: Path, stem: str, method: str, level: int |
     check_trackers(cfg)  # a missing tracker package stops the whole sweep
     # the size in words as the run's summary will record it; '' where no budget matched it
     size = method_spec(method).size_label(cfg, level) if sized else ""
-    return PlannedRun(name, config, method, level, seed, overrides, size)
+    return PlannedRun(name, config, method, level, seed, overrides, size,
+                      sharded=cfg.train.sharding == "fsdp")
+
+
+def check_processes(runs: list[PlannedRun], processes: int, launcher: str) -> None:
+    """Refuse, before any run starts, a sharded run (``train.sharding=fsdp``) where the
+    launcher gives each run ``processes`` processes and that is one: every such run would
+    fail at its start."""
+    sharded = [r for r in runs if r.sharded]
+    if not sharded or processes > 1:
+        return
+    which = (f"run {sharded[0].name} sets" if len(sharded) == 1 else
+             f"{len(sharded)} runs ({sharded[0].name}, ...) set")
+    how = ("a local sweep starts each run as one process" if launcher == "local" else
+           "--slurm gpus_per_job gives each run one process")
+    raise ConfigError(f"{which} train.sharding=fsdp, which needs several processes per run, "
+                      f"but {how}; give each run its GPUs on SLURM (--launcher slurm --slurm "
+                      "gpus_per_job=N, N >= 2), train it alone (adalora train CONFIG "
+                      "--nproc N), or drop train.sharding=fsdp")
 
 
 def _add(runs: dict[str, PlannedRun], run: PlannedRun) -> None:

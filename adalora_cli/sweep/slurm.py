@@ -72,6 +72,11 @@ class SlurmLauncher:
         self.resubmit = resubmit
         """Also submit runs whose recorded job may still be queued (state unknown)."""
 
+    @property
+    def processes_per_run(self) -> int:
+        """One per GPU of the run's job (torchrun ranks), or one on a CPU-only job."""
+        return max(1, self.options.gpus_per_job)
+
     def launch(self, spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path,
                quiet: bool = True) -> list[Outcome]:
         """Submit what is missing; one outcome per run: 'submitted' (now), or its state
@@ -112,7 +117,7 @@ class SlurmLauncher:
     def _submit(self, spec: SweepSpec, todo: list[PlannedRun], sweep_dir: Path) -> dict:
         executor = make_executor(sweep_dir / SUBMITIT_DIR, self.options,
                                  f"adalora-{spec.name}", self.cluster)
-        nproc = max(1, self.options.gpus_per_job)
+        nproc = self.processes_per_run
         try:
             # submitit prints sbatch's stderr itself when sbatch fails; said here in one line
             with contextlib.redirect_stderr(io.StringIO()), executor.batch():  # one array
