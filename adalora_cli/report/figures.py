@@ -1,13 +1,15 @@
 """The report's figures (PNG), one file per task and setting, from finished runs only.
 
 - Figure 3: the final rank of every adapted matrix, averaged over seeds, per task, method
-  and budget level (cells annotated with one decimal, since a mean rank need not be whole).
+  and budget level (cells annotated with one decimal where a mean rank is not whole; rows
+  named as in :mod:`adalora_cli.heatmap`, ``W_f1 (up_proj)``).
 - Figure 4: metric against "# Params", one line per method and setting (one colour per
-  method, a line style per setting), a band of ± the sample std over seeds around the mean.
+  method, a line style per setting), a band of ± the sample std over seeds around the mean;
+  the metric axis says its unit (%, x 100 for a correlation).
 - Figure 5: the orthogonality penalty R (``orth_reg`` in metrics.jsonl) over training,
-  mean over seeds with the min-max band. The paper plots the squared norms of single
-  matrices; R is what the loss used (Eq. 4, docs/maths.md#orthogonal-regularizer), so it is
-  what we logged.
+  mean over seeds with the min-max band, on a log axis labelled in plain numbers. The paper
+  plots the squared norms of single matrices; R is what the loss used (Eq. 4,
+  docs/maths.md#orthogonal-regularizer), so it is what we logged.
 
 Figures group runs exactly as the tables do: one curve or heatmap per experiment (runs that
 differ only in their seed), labelled with the config values that set it apart, if any. A run
@@ -18,16 +20,21 @@ never stops the others.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from ..heatmap import rank_grid
+from matplotlib import rcParams
+from matplotlib.font_manager import FontProperties
+from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, NullFormatter
+
+from ..heatmap import rank_figure
 from ..rundir.layout import RANK_PATTERN
 from ..rundir.run import read_metrics
-from .runs import Run
-from .tables import METHOD_NAMES, Report, Table
+from .runs import Column, Run
+from .tables import METHOD_NAMES, Report, Row, Table
 
 
 def _plt():
@@ -80,22 +87,12 @@ def rank_heatmaps(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]
         except (OSError, ValueError, TypeError, AttributeError):
             warnings.append(f"{file}: not a {{module: rank}} mapping; left out of Figure 3")
     paths = []
-    plt = _plt()
+    _plt()  # the Agg backend before any figure
     for (task, method, level, size, variant), patterns in sorted(groups.items(), key=str):
-        rows, cols, grid = rank_grid(mean_rank_pattern(patterns))
-        fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * len(cols) + 2), 0.5 * len(rows) + 1.6))
-        image = ax.imshow(grid, cmap="YlGn", aspect="auto", vmin=0)
-        ax.set_xticks(range(len(cols)), cols, rotation=90 if len(cols) > 14 else 0, fontsize=8)
-        ax.set_yticks(range(len(rows)), rows, fontsize=8)
-        ax.set_xlabel("layer")
-        if len(cols) * len(rows) <= 400:
-            for r, line in enumerate(grid):
-                for c, value in enumerate(line):
-                    if value == value:  # not nan
-                        ax.text(c, r, f"{value:.1f}", ha="center", va="center", fontsize=6)
-        fig.colorbar(image, ax=ax, label="final rank (mean over seeds)")
-        ax.set_title(f"{task} {_setting_name(method, level, size, variant)}: final rank, "
-                     f"mean of {len(patterns)} seed(s)", fontsize=9)
+        seeds = f"{len(patterns)} seed{'s' if len(patterns) > 1 else ''}"
+        fig = rank_figure(mean_rank_pattern(patterns),
+                          f"{task} {_setting_name(method, level, size, variant)}: final rank, "
+                          f"mean of {seeds}", colorbar_label="final rank (mean over seeds)")
         name = _slug(task, method, f"b{level}" if level is not None else size,
                      *(f"{k}={v}" for k, v in variant))
         paths.append(_save(fig, out / f"fig3_rank_{name}.png"))
@@ -136,10 +133,29 @@ def _line_looks(keys: list[tuple]) -> dict[tuple, dict]:
     return looks
 
 
+PERCENT = frozenset({"accuracy", "f1", "macro_f1", "exact_match", "rouge1", "rouge2", "rougeL",
+                     "rougeLsum"})
+"""Metrics that are shares, shown on the report's scale as percentages (GLUE's fractions
+x100; SQuAD's and ROUGE's stored x100 already; ``tasks/columns.py``)."""
+TIMES_100 = frozenset({"matthews", "pearson", "spearman", "corr"})
+"""Correlations, shown x100 as the paper shows them: not a percentage."""
+
+
+def _unit(col: Column, rows: list[Row]) -> str:
+    """The unit of a report column, for an axis label: ' (%)', ' (× 100)' or '' (a loss, a
+    perplexity, a task's own score), read from the column's metric as its runs recorded it."""
+    for run in (r for row in rows for r in row.runs if r.task == col.task and r.report):
+        for recorded in run.report.columns:
+            if recorded.label == col.label:
+                if recorded.metric in PERCENT:
+                    return " (%)"
+                return " (× 100)" if recorded.metric in TIMES_100 \
+                    and recorded.scale == 100 else ""
+    return ""
+
+
 def budget_curves(tables: list[Table], out: Path) -> list[Path]:
     plt = _plt()
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
     paths = []
     for table in tables:
         for task in dict.fromkeys(c.task for c in table.columns):
@@ -180,7 +196,8 @@ def budget_curves(tables: list[Table], out: Path) -> list[Path]:
                 ax.xaxis.set_major_formatter(FuncFormatter(_short_params))
                 ax.set_xlabel("# Params (adapter; AdaLoRA after pruning)")
                 better = "lower" if col.lower_is_better else "higher"
-                ax.set_ylabel(f"{col.title} {col.label} ({better} is better)")
+                ax.set_ylabel(f"{col.title} {col.label}{_unit(col, table.rows)}, "
+                              f"{better} is better")
                 ax.grid(alpha=0.3)
                 if beside:
                     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -193,6 +210,48 @@ def budget_curves(tables: list[Table], out: Path) -> list[Path]:
 
 def _plain(value: float, _pos: object = None) -> str:
     return f"{value:g}"
+
+
+class LogMinorLabels(Formatter):
+    """Labels for the ticks between the decades of a log y axis (2, 3, ... 9 x 10^k), as
+    plain numbers and only as many as fit: all of them where a decade is tall enough for
+    labels 0.8 and 0.9 apart, else those at 2, 3 and 5, else at 2 and 5, else none (the
+    decades keep theirs). Every minor tick labelled, R falling from 2 to 0.2 printed 0.7,
+    0.8, 0.9 and 1 over one another; across two decades every one of them did."""
+
+    SUBSETS = ((2, 3, 4, 5, 6, 7, 8, 9), (2, 3, 5), (2, 5), ())
+    GAP = 1.3
+    """Least distance between two labels' centres, in label heights."""
+
+    def __call__(self, x: float, pos: object = None) -> str:
+        return self.format_ticks([x])[0]
+
+    def format_ticks(self, values) -> list[str]:
+        shown = self._fitting_subset()
+        return [_plain(v) if _mantissa(v) in shown else "" for v in values]
+
+    def _fitting_subset(self) -> tuple[int, ...]:
+        low, high = sorted(self.axis.get_view_interval())
+        if low <= 0 or high <= low:
+            return ()
+        axes = self.axis.axes
+        height_pt = axes.get_position().height * axes.figure.get_figheight() * 72
+        per_decade = height_pt / math.log10(high / low)  # points
+        font_pt = FontProperties(size=rcParams["ytick.labelsize"]).get_size_in_points()
+        for subset in self.SUBSETS:
+            marks = [1, *subset, 10]  # the closest two labels in a decade, in decades
+            gap = min(math.log10(b / a) for a, b in zip(marks, marks[1:]))
+            if gap * per_decade >= self.GAP * font_pt:
+                return subset
+        return ()
+
+
+def _mantissa(value: float) -> int | None:
+    """2 for 0.02, 200 and 2; None for a value that is no whole multiple of its decade."""
+    if value <= 0:
+        return None
+    m = value / 10 ** math.floor(math.log10(value))
+    return round(m) if abs(m - round(m)) < 1e-6 else None
 
 
 def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
@@ -208,8 +267,6 @@ def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
         if series:
             curves[run.task][_setting(run)[1:]].append(series)
     plt = _plt()
-    from matplotlib.ticker import FuncFormatter
-
     paths = []
     for task, settings in sorted(curves.items()):
         fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -223,7 +280,7 @@ def orth_curves(runs: list[Run], out: Path, warnings: list[str]) -> list[Path]:
         ax.set_yscale("log")
         # plain numbers (0.2, 0.5, 1, 2) on the log axis, not 2 x 10^-1
         ax.yaxis.set_major_formatter(FuncFormatter(_plain))
-        ax.yaxis.set_minor_formatter(FuncFormatter(_plain))
+        ax.yaxis.set_minor_formatter(LogMinorLabels())
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("orthogonality penalty R")
         ax.set_title(f"{task}: orthogonal regularizer over training", fontsize=10)
