@@ -56,9 +56,10 @@ class TaskConfig:
 
     name: str = "rte"
     """Task key: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), squad_v1, squad_v2,
-    xsum, cnn_dailymail, causal_lm (your own JSONL/CSV/Parquet on a decoder-only model), or an
-    offline demo (rotten_tomatoes, bbc_topic, bbc_news, and bbc_topic_chat for a decoder-only
-    chat model)."""
+    xsum, cnn_dailymail, classification (your own labelled texts on an encoder, labels read
+    from the data; numeric labels make it a regression), causal_lm (your own
+    JSONL/CSV/Parquet on a decoder-only model), or an offline demo (rotten_tomatoes,
+    bbc_topic, bbc_news, and bbc_topic_chat for a decoder-only chat model)."""
     dataset: str | None = None
     """Hub dataset id; None means the task's default (nyu-mll/glue for GLUE)."""
     revision: str | None = None
@@ -103,7 +104,22 @@ class TaskConfig:
     """Summarization: text put before every source, e.g. "summarize: " for T5 checkpoints,
     which were pretrained with task prefixes; empty for BART."""
     text_column: str = "text"
-    """causal_lm: column of plain-text rows (the loss covers every token)."""
+    """causal_lm: column of plain-text rows (the loss covers every token). classification:
+    the column of the text to classify (the first text of a pair)."""
+    text_pair_column: str | None = None
+    """classification: a second text column; each row is then encoded as a pair (two
+    segments, truncated longest-first), as GLUE's sentence pairs are. None: one text."""
+    label_column: str = "label"
+    """classification: the column of labels: class names or integer ids (a classifier), or
+    numbers with a decimal point (a regressor with one output)."""
+    labels: list[str] | None = None
+    """classification: the class names in id order. None reads them from the training split,
+    sorted (integer ids numerically); a run records them in its config.yaml, so its model,
+    predictions and exports use these names without reading the data again."""
+    regression: bool | None = None
+    """classification: true trains a regressor on numeric labels, false a classifier (even
+    on labels like 0.5); None decides by the training labels: numbers with a decimal point
+    mean regression. A run records the choice."""
     prompt_column: str = "prompt"
     """causal_lm: column of prompts, used verbatim (include any separator you want between
     prompt and response); pairs with response_column."""
@@ -154,6 +170,21 @@ class TaskConfig:
             _check(value >= least, f"task.{key} must be >= {least}, got {value}")
         _check(self.max_new_tokens >= 0, "task.max_new_tokens must be >= 0 (0: no "
                f"generation), got {self.max_new_tokens}")
+        self._check_labels()
+
+    def _check_labels(self) -> None:
+        if self.labels is None:
+            return
+        _check(not self.regression, "task.labels names classes, but task.regression=true "
+               "trains a regressor; drop one of them")
+        names = [name.strip() for name in self.labels]
+        _check(len(names) >= 2, f"task.labels needs at least two class names, got "
+               f"{len(names)}; a classifier of one class learns nothing")
+        _check(all(names), "task.labels holds an empty name; give every class a name")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"task.labels names {twice[0][:80]!r} twice; name each class "
+                              "once")
 
 
 @dataclass(frozen=True)
@@ -641,6 +672,16 @@ class RunConfig:
         """This config with b(T) written out for ``n`` adapted matrices (``adalora.budget``
         in place of ``adalora.target_rank``): what a run directory records."""
         return dataclasses.replace(self, adalora=self.adalora.resolved(n))
+
+    def settled_as(self, run: RunConfig) -> RunConfig:
+        """This config with what a run settles from its data, where this config leaves it
+        open (``task.labels`` and ``task.regression``, read from the training labels), taken
+        from ``run``'s record: how a plan compares with a finished run's config.yaml."""
+        task = self.task
+        if task.labels is None and task.regression is None:
+            task = dataclasses.replace(task, labels=run.task.labels,
+                                       regression=run.task.regression)
+        return dataclasses.replace(self, task=task)
 
 
 # --------------------------------------------------------------------------- loading

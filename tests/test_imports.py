@@ -67,6 +67,7 @@ def test_registry_names_match_each_family_spec_table():
     assert families == {"glue:glue_task": set(GLUE_SPECS),
                         "rotten_tomatoes:rotten_tomatoes_task": {"rotten_tomatoes"},
                         "bbc_topic:bbc_topic_task": {"bbc_topic"},
+                        "classification:classification_task": {"classification"},
                         "squad:squad_task": set(SQUAD_SPECS),
                         "summarization:summarization_task": set(SUMMARIZATION_SPECS),
                         "causal_lm:causal_lm_task": {"causal_lm"},

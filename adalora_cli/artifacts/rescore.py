@@ -34,6 +34,8 @@ TRAINING_ONLY = {
     "task.name": "the model was trained for its task",
     "task.max_train_samples": "it picks training rows, and eval trains nothing",
     "task.packing": "it packs training rows, and eval trains nothing",
+    "task.labels": "the model's head has the run's classes, recorded in its config.yaml",
+    "task.regression": "the model's head is the run's classifier or regressor",
 }
 """task.* keys eval refuses, and why: accepted, they would be silently ignored (or change
 what the model is)."""

@@ -407,6 +407,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
     cfg = cfg.with_final_budget(handle.n_matrices)  # adalora.target_rank -> its b(T)
+    cfg = task.recorded(cfg)  # e.g. the labels a classifier read from its data
     if not spec.trains:
         steps = 0  # method none: the model is only evaluated
     elif not handle.trainable:  # e.g. BitFit on a model without biases (Llama)

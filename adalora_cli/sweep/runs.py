@@ -90,10 +90,11 @@ def config_drift(run: PlannedRun, path: Path) -> bool:
     """True when a finished run was made with a different config than the plan's now.
 
     The stored config is loaded, not just read, so keys added to the config schema since
-    the run (at their defaults) do not count as a difference."""
+    the run (at their defaults) do not count as a difference; nor do what the run settled
+    from its data where the plan leaves it open (a classifier's labels)."""
     try:
         stored = load_config(path / CONFIG)
-        return stored != load_config(run.config, list(run.overrides))
+        return stored != load_config(run.config, list(run.overrides)).settled_as(stored)
     except Exception:  # an unreadable config counts as different
         return True
 

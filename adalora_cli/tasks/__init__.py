@@ -24,6 +24,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "glue:glue_task": ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte"),
     "rotten_tomatoes:rotten_tomatoes_task": ("rotten_tomatoes",),
     "bbc_topic:bbc_topic_task": ("bbc_topic",),
+    "classification:classification_task": ("classification",),
     "squad:squad_task": ("squad_v1", "squad_v2"),
     "summarization:summarization_task": ("xsum", "cnn_dailymail", "bbc_news"),
     "causal_lm:causal_lm_task": ("causal_lm",),

@@ -81,6 +81,12 @@ class Task(ABC):
         with torch.device("meta"):
             return auto.from_config(config)
 
+    def recorded(self, cfg: RunConfig) -> RunConfig:
+        """The config a run directory records: ``cfg`` with what this task settled from its
+        data written out (the class names the classification task read from its training
+        split), so that ``config.yaml`` alone rebuilds the run's model. By default ``cfg``."""
+        return cfg
+
     # ---------------------------------------------------------------- data and scores
 
     @abstractmethod

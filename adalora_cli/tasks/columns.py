@@ -6,8 +6,8 @@ a task hands its entry to the loop (``Task.report``) and every finished run reco
 ``summary.json``. Torch-free, so the report can read it too (for summaries written before a
 field existed). GLUE metrics are stored as fractions and shown x100 like the paper; SQuAD and
 ROUGE are stored x100 already. A task with no entry shows every metric of its first
-evaluation split, in the "other" table. Every metric is higher-is-better except a loss and
-a perplexity (:data:`LOWER_IS_BETTER`).
+evaluation split, in the "other" table. Every metric is higher-is-better except a loss, a
+perplexity and a mean squared error (:data:`LOWER_IS_BETTER`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import dataclasses
 from ..rundir.summary import ReportColumn, TaskReport
 
 VAL = ("validation",)
-FRACTIONS = {"accuracy", "f1", "matthews", "pearson", "spearman", "corr"}
+FRACTIONS = {"accuracy", "f1", "macro_f1", "matthews", "pearson", "spearman", "corr"}
 """Metrics stored as fractions: shown x100 in an undeclared task's columns."""
-LOWER_IS_BETTER = frozenset({"loss", "perplexity"})
+LOWER_IS_BETTER = frozenset({"loss", "perplexity", "mse"})
 """Metrics where less is better, in any task's columns."""
 
 

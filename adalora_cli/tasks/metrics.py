@@ -3,8 +3,10 @@
 The usual ``evaluate.load("glue", ...)`` fetches its metric scripts from the hub, which
 this project cannot reach, so the same definitions are written out here: accuracy, binary
 F1 with class 1 as the positive class, Matthews correlation, Pearson and Spearman
-correlation, and GLUE's "corr" (the mean of the two, reported for STS-B). Every function
-takes predictions and references as 1-D array-likes and returns a plain float.
+correlation, and GLUE's "corr" (the mean of the two, reported for STS-B). Your own labels
+(the classification task) add macro-averaged F1 over any number of classes and, for a
+regressor, the mean squared error. Every function takes predictions and references as 1-D
+array-likes and returns a plain float.
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ def f1(predictions, references) -> float:
 
     return float(f1_score(references, predictions, pos_label=1, average="binary",
                           zero_division=0))
+
+
+def macro_f1(predictions, references) -> float:
+    """The unweighted mean of each class's F1, over the classes that occur in the references
+    or the predictions (scikit-learn's ``average="macro"``); a class never predicted scores
+    0.0 there, without a warning."""
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(references, predictions, average="macro", zero_division=0))
 
 
 def matthews(predictions, references) -> float:
@@ -66,6 +77,12 @@ def spearman(predictions, references) -> float:
     return _correlation(stats.spearmanr, predictions, references)
 
 
+def mse(predictions, references) -> float:
+    """Mean squared error of a regressor's outputs (lower is better)."""
+    x, y = np.asarray(predictions, dtype=float), np.asarray(references, dtype=float)
+    return float(np.mean((x - y) ** 2)) if len(x) else float("nan")
+
+
 def corr(predictions, references) -> float:
     """GLUE's STS-B summary: the mean of Pearson and Spearman correlation."""
     return (pearson(predictions, references) + spearman(predictions, references)) / 2
@@ -74,10 +91,12 @@ def corr(predictions, references) -> float:
 METRICS: dict[str, Callable[..., float]] = {
     "accuracy": accuracy,
     "f1": f1,
+    "macro_f1": macro_f1,
     "matthews": matthews,
     "pearson": pearson,
     "spearman": spearman,
     "corr": corr,
+    "mse": mse,
 }
 """Metric functions by the names used in metric dicts and run summaries."""
 
