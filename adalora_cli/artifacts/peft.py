@@ -22,6 +22,12 @@ dependency). The mapping onto PEFT's names and conventions:
   wrapper to build (none for QA models that use segment ids, see :func:`peft_task_type`).
 - A local base model is recorded by its absolute path, so the adapter loads from any
   working directory.
+- A sequence classifier's head is the run's own (its number of labels, their names, or a
+  regressor's one output), which the base checkpoint's ``config.json`` does not say:
+  ``base_config.json`` is the base's config with that head, for
+  ``AutoConfig.from_pretrained`` to hand to the base's ``from_pretrained``
+  (docs/using-a-run.md). Not ``config.json``: transformers would then take the folder for
+  a whole model with an embedded adapter and look for the base weights in it.
 
 A method without a PEFT type is refused before the run's model is loaded; each kind of
 adapted layer has its writer in :data:`WRITERS`, and a layer without one is refused.
@@ -53,6 +59,8 @@ from ..tasks.pretrained import load_config
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+BASE_CONFIG_FILE = "base_config.json"
+"""A sequence classifier's base config with the run's head: labels, names, problem type."""
 PREFIX = "base_model.model."
 PEFT_EPS = 1e-5
 """PEFT's AdaLoRA divides by ``ranknum + 1e-5``; the export compensates for it."""
@@ -256,7 +264,9 @@ def pick_writer(layers: Layers) -> Writer:
 
 def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
                summary: Summary, out: Path) -> dict[str, Any]:
-    """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out``."""
+    """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out``, and a
+    sequence classifier's ``base_config.json``; ``labels`` in the answer: its class names
+    (empty for a regressor), None for other models."""
     check_peft_method(cfg.method.name)
     check_base_rebuilds(cfg, model)
     layers = adapter_modules(model)
@@ -272,8 +282,23 @@ def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_FILE),
               metadata={"format": "pt"})
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    labels = write_base_config(model, out) if config["task_type"] == "SEQ_CLS" else None
     return {"adapter_params": adapter_params, "adapter_params_at_r0": r0_params,
             "head_params": sum(t.numel() for k, t in tensors.items()
                                if k.removeprefix(PREFIX).split(".", 1)[0] in heads),
             "bytes": (out / WEIGHTS_FILE).stat().st_size, "task_type": config["task_type"],
-            "peft_type": config["peft_type"]}
+            "peft_type": config["peft_type"], "labels": labels}
+
+
+def write_base_config(model: nn.Module, out: Path) -> list[str]:
+    """``base_config.json``: the base's config with the run's head (``num_labels``,
+    ``id2label``/``label2id``, ``problem_type``), saved as ``save_pretrained`` would save it;
+    returns the class names in id order (none for a regressor)."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    config.to_json_file(out / BASE_CONFIG_FILE)
+    if config.problem_type == "regression":
+        return []
+    return [config.id2label[i] for i in range(config.num_labels)]
