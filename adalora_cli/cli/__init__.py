@@ -15,7 +15,7 @@ import sys
 import typer
 
 from .. import threads
-from . import configs, export, predict, report, sweep, train
+from . import configs, doctor, export, predict, report, sweep, train
 from . import eval as eval_command
 from .help import Command, Group
 
@@ -60,7 +60,8 @@ def main(
 
 
 COMMANDS = {"train": train.train, "sweep": sweep.sweep, "report": report.report,
-            "export": export.export, "eval": eval_command.eval_run, "predict": predict.predict}
+            "export": export.export, "eval": eval_command.eval_run, "predict": predict.predict,
+            "doctor": doctor.doctor}
 """In the order ``adalora --help`` lists them."""
 
 for name, command in COMMANDS.items():
