@@ -109,9 +109,10 @@ class TaskConfig:
     text_pair_column: str | None = None
     """classification: a second text column; each row is then encoded as a pair (two
     segments, truncated longest-first), as GLUE's sentence pairs are. None: one text."""
-    label_column: str = "label"
+    label_column: str | None = None
     """classification: the column of labels: class names or integer ids (a classifier), or
-    numbers with a decimal point (a regressor with one output)."""
+    numbers with a decimal point (a regressor with one output). None means ``label`` (unset,
+    so checkpoints written before this key existed still resume)."""
     labels: list[str] | None = None
     """classification: the class names in id order. None reads them from the training split,
     sorted (integer ids numerically); a run records them in its config.yaml, so its model,

@@ -37,6 +37,8 @@ from . import data as rawdata
 from .glue import TextClassificationSpec, TextClassificationTask
 
 SPLITS = ("train", "validation")
+LABEL_COLUMN = "label"
+"""The label column when task.label_column is unset."""
 CLASSIFIER_METRICS = ("accuracy", "macro_f1")
 REGRESSOR_METRICS = ("pearson", "spearman", "mse")
 SHOWN_NAMES = 6
@@ -150,6 +152,7 @@ class ClassificationTask(TextClassificationTask):
         self.eval_split_names = SPLITS[1:]
         self.text_columns = (task.text_column,) + ((task.text_pair_column,)
                                                    if task.text_pair_column else ())
+        self.label_column = task.label_column or LABEL_COLUMN
         self._raw: dict[str, datasets.Dataset] | None = None
         self._spec: TextClassificationSpec | None = None
         if task.regression:
@@ -192,7 +195,7 @@ class ClassificationTask(TextClassificationTask):
             task = self.cfg.task
             raw = rawdata.load_splits(task, SPLITS, dataset=task.dataset)
             for split, ds in raw.items():
-                needed = [*self.text_columns, task.label_column]
+                needed = [*self.text_columns, self.label_column]
                 missing = [c for c in needed if c not in ds.column_names]
                 if missing:
                     raise ConfigError(
@@ -208,7 +211,7 @@ class ClassificationTask(TextClassificationTask):
     def _cells(self, split: str) -> list[Any]:
         """A split's label cells, a hub ClassLabel's ids turned into its names."""
         ds = self.load_raw()[split]
-        column = self.cfg.task.label_column
+        column = self.label_column
         values = list(ds[column])
         feature = ds.features.get(column)
         if isinstance(feature, datasets.ClassLabel):
@@ -218,12 +221,12 @@ class ClassificationTask(TextClassificationTask):
 
     def _infer(self) -> tuple[str, ...] | None:
         task = self.cfg.task
-        feature = self.load_raw()["train"].features.get(task.label_column)
+        feature = self.load_raw()["train"].features.get(self.label_column)
         if isinstance(feature, datasets.ClassLabel) and not task.regression:
             names: tuple[str, ...] | None = tuple(feature.names)  # the dataset's own order
         else:
             names = infer_labels(self._cells("train"), self._where("train"),
-                                 task.label_column, task.regression)
+                                 self.label_column, task.regression)
         for split in SPLITS[1:]:  # a label the head lacks is found now, not after training
             self._targets(self._cells(split), split, self._make_spec(names))
         return names
@@ -231,7 +234,7 @@ class ClassificationTask(TextClassificationTask):
     def _targets(self, cells: list[Any], split: str, spec: TextClassificationSpec
                  ) -> list[int | float | None]:
         """Class ids (or a regressor's numbers) of one split's cells; None where empty."""
-        where, column = self._where(split), self.cfg.task.label_column
+        where, column = self._where(split), self.label_column
         cells = [cell(c) for c in cells]
         if spec.is_regression:
             names = [c for c in cells if c is not None and number(c) is None]
@@ -279,7 +282,7 @@ class ClassificationTask(TextClassificationTask):
         Pearson, Spearman (x100) and mean squared error."""
         spec, val = self.spec, SPLITS[1:]
         if spec.is_regression:
-            title = f"regression ({self.cfg.task.label_column})"
+            title = f"regression ({self.label_column})"
             columns = (ReportColumn("Pearson", val, "pearson", 100),
                        ReportColumn("Spearman", val, "spearman", 100),
                        ReportColumn("MSE", val, "mse", 1, lower_is_better=True))

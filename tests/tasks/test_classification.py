@@ -264,3 +264,15 @@ def test_task_labels_are_checked_as_the_config_loads(override, message):
         load_config(ROOT / CLASSIFIER, [override])
     with pytest.raises(ConfigError, match="task.labels names classes, but task.regression=true"):
         load_config(ROOT / CLASSIFIER, ["task.labels=[a, b]", "task.regression=true"])
+
+
+def test_a_checkpoint_saved_before_the_classification_keys_still_resumes(tmp_path):
+    """Every key this task added is unset by default, so a GLUE run's checkpoint written
+    before them matches its config now: an upgrade must not strand a checkpoint."""
+    from adalora_cli.engine import checkpoint as ckpt
+
+    cfg = load_config(ROOT / "configs/smoke/glue.yaml")
+    new = {"task.text_pair_column", "task.label_column", "task.labels", "task.regression"}
+    before = {k: v for k, v in ckpt.flat_config(cfg).items() if k not in new}
+    state = {"config": before, "config_digest": ckpt.resume_digest(before)}
+    assert ckpt.check_config(tmp_path / "checkpoints" / "step-8", state, cfg) == {}
