@@ -104,8 +104,10 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None,
             name: str | None = None, quiet: bool = False) -> Path:
     """Evaluate a finished run; returns the path of ``eval/<name>.json``."""
     from ..engine.build import pick_device
+    from ..engine.progress import PhaseLines, phase_seconds
     from ..errors import warning
     from ..tasks import get_task
+    from ..tasks import progress as task_progress
     from .load import load_run
     from .scoring import choose
 
@@ -127,11 +129,13 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None,
     for line in data.notes:  # e.g. rows left out of the scored split
         warning(line)
     metrics: dict[str, dict[str, float]] = {}
+    lines = PhaseLines(0.0 if quiet else phase_seconds())  # how far along, every interval
     for split, dataset in data.eval_splits.items():
-        if not quiet:
-            print(f"evaluating {split} ({len(dataset)} rows)", flush=True)
-        scores = task.evaluate(model, split, dataset, batch_size=cfg.train.eval_batch_size,
-                               collate=data.collate, device=device, autocast=scoring.autocast)
+        lines.begin(f"evaluating {split} ({len(dataset)} rows)", show=not quiet)
+        with task_progress.listening(lines.report), lines.watching():
+            scores = task.evaluate(model, split, dataset,
+                                   batch_size=cfg.train.eval_batch_size, collate=data.collate,
+                                   device=device, autocast=scoring.autocast)
         metrics[split] = {k: float(v) for k, v in scores.items()}
     return _write_result(run_dir, label, overrides, metrics, data.info, task,
                          scoring.record())

@@ -80,6 +80,10 @@ def run_train(req: TrainRequest, note=lambda text: None) -> TrainOutcome:
             return TrainOutcome(dry_run=dry_run(cfg))
     if req.nproc != 1:
         return TrainOutcome(exit_code=_launch_ranks(req.nproc, cfg, req.argv))
+    if not req.quiet and os.environ.get("RANK", "0") == "0":
+        from .header import opening, say
+
+        say(opening(cfg, req.resume))  # before torch loads: seconds, not a silent minute
     from . import loop
 
     if req.resume is not None:

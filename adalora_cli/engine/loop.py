@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,10 +32,11 @@ from ..rundir.run import (
     write_text_atomic,
 )
 from ..rundir.summary import Summary
+from ..tasks import progress as task_progress
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults, sharded_checkpoint, sharding
-from .build import Built, autocast_factory, build_run, cpu_auto_note, dtype_name
+from .build import Built, autocast_factory, build_run, dtype_name, pick_device
 from .distributed import (
     World,
     any_rank,
@@ -55,6 +55,7 @@ from .distributed import (
 )
 from .fingerprint import KEY as DATA_KEY
 from .fingerprint import check_data, data_record
+from .header import built_line, loading, machine, say
 from .loggers import RunLogger, open_trackers
 from .order import EpochBatches, example_lengths
 from .outputs import trained_state, write_outputs
@@ -72,7 +73,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, quiet: bool = False
         check_trackers(cfg)  # a missing tracker package fails before anything
         check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
-        built = build_run(cfg, w)  # every user error is raised here, before anything is written
+        built = _build(cfg, w, quiet)  # every user error is raised here, before anything is written
         _say_notes(built, w)
         init(w, built.device.type)
         try:
@@ -101,7 +102,7 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
         check_trackers(cfg)
         check_progress_env()
         per_rank_batch(cfg.train.batch_size, w)
-        built = build_run(cfg, w)
+        built = _build(cfg, w, quiet)
         _say_notes(built, w)
         if found and DATA_KEY in found[1]:  # rows appended or edited since: another run
             check_data(found[0], found[1][DATA_KEY],
@@ -138,6 +139,20 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
             return done
         finally:
             shutdown()
+
+
+def _build(cfg: RunConfig, w: World, quiet: bool) -> Built:
+    """:func:`build_run`, said as it goes (rank 0, unless quiet): the device and precision
+    before the model loads, the loading and its progress, then what was built (header.py)."""
+    quiet = quiet or not w.main
+    device = pick_device(cfg.train.device)  # (a device that is not there: refused here)
+    if not quiet:
+        say(machine(cfg, device))
+    with loading(cfg, device, quiet):
+        built = build_run(cfg, w)
+    if not quiet:
+        say(built_line(built))
+    return built
 
 
 def _say_notes(built: Built, w: World) -> None:
@@ -302,10 +317,9 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                 save()
             raise stopped(stop.received)
 
-    if not quiet and (note := cpu_auto_note(t_cfg.precision, device)):
-        print(note, file=sys.stderr, flush=True)
+    # (the header said the precision, train.precision=auto's choice on a CPU included)
     with TrainProgress(total=steps, disable=quiet, start=pos.step) as progress, \
-            _heartbeat(run, w) as beat:
+            _heartbeat(run, w) as beat, task_progress.listening(progress.report):
         logger = RunLogger(run, trackers, progress, t_cfg.log_every, steps)
         beat.step = pos.step
         if pos.eval_pending:  # a resumed run whose last evaluation was cut short

@@ -11,15 +11,24 @@ Hugging Face's Trainer logs::
 seconds), ``100`` (every 100 steps) or ``0`` (no lines). The final step always gets its
 line. The bar draws only where stderr is a terminal, so a log never holds its frames.
 
+Between logged rows the bar and the lines show the last logged row's loss with its step,
+``loss 0.6931 (step 40)``, while the step count and the clock move on.
+
 Every evaluation before the end prints its scores (above the bar on a terminal, as a line
 in a log), ``step 16/32  validation: accuracy 0.4375``; the final scores are the command's
-own last lines.
+own last lines. Slow work between steps (loading the model, an evaluation) says how far
+along it is (:class:`PhaseLines`): in the bar on a terminal, else as a line at most every
+``ADALORA_PROGRESS_EVERY`` seconds (30 when it counts steps), and never less often than
+that while the work goes on, however long one batch or one file read takes::
+
+    step 0/100  evaluating validation: generating 64/205  elapsed 0:00:31  eta 0:01:08
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -108,8 +117,112 @@ class PlainLines:
         print(line, file=self.out, flush=True)
 
 
-def stats(row: dict[str, Any]) -> str:
-    parts = [f"loss {row['loss']:.4f}", f"lr {row['lr']:.2e}"]
+def phase_seconds() -> float:
+    """How often :class:`PhaseLines` prints: ``ADALORA_PROGRESS_EVERY`` seconds, 30 when it
+    counts steps (a phase has none), 0 (never) when it is 0."""
+    steps, seconds = parse_every(os.environ.get(ENV, DEFAULT_EVERY))
+    return seconds if seconds else float(DEFAULT_EVERY[:-1]) if steps else 0.0
+
+
+class PhaseLines:
+    """Lines for slow work outside the training steps: loading the model, an evaluation.
+
+    :meth:`begin` names the phase (and prints it); the task's loops report how far along
+    they are (:meth:`report`, a listener of ``adalora_cli.tasks.progress``), printed at most
+    once per ``seconds``. Inside :meth:`watching` a thread also prints the phase's state when
+    ``seconds`` passed without a line, so that a read or a batch that reports nothing for
+    minutes (a GGUF file's metadata, a long generation batch) still shows the run is alive.
+    ``seconds`` 0: no such lines."""
+
+    def __init__(self, seconds: float, out=None, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.out, self.clock = seconds, out or sys.stdout, clock
+        self.name = ""
+        self.part: tuple[str, int, int] | None = None
+        self.began = self.part_began = self.last = clock()
+        self._lock = threading.Lock()
+
+    def begin(self, name: str, show: bool = True) -> None:
+        """A new phase ``name``, printed (even with the interval lines off) unless ``show``
+        is False (``--quiet``, or said elsewhere)."""
+        with self._lock:
+            self.name, self.part = name, None
+            self.began = self.part_began = self.last = self.clock()
+            if show:
+                print(name, file=self.out, flush=True)
+
+    def end(self) -> None:
+        with self._lock:
+            self.name, self.part = "", None
+
+    def report(self, what: str, done: int, total: int) -> None:
+        """``done`` of ``total`` of the phase's part ``what`` (e.g. generating 64 of 205)."""
+        with self._lock:
+            now = self.clock()
+            if self.part is None or self.part[0] != what:
+                self.part_began = now
+            self.part = (what, done, total)
+            if self.seconds and self.name and now - self.last >= self.seconds:
+                self._print(now)
+
+    def tick(self) -> None:
+        """The watcher's check: a line when ``seconds`` passed without one."""
+        with self._lock:
+            now = self.clock()
+            if self.seconds and self.name and now - self.last >= self.seconds:
+                self._print(now)
+
+    def _print(self, now: float) -> None:
+        self.last = now
+        if self.part is None:
+            line = f"{self.name}  elapsed {clock_text(now - self.began)}"
+        else:
+            what, done, total = self.part
+            spent = now - self.part_began
+            eta = clock_text(spent / done * (total - done)) if done else "?"
+            line = (f"{self.name}: {what} {done}/{total}  elapsed {clock_text(spent)}  "
+                    f"eta {eta}")
+        print(line, file=self.out, flush=True)
+
+    def watching(self):
+        """Inside: the watcher thread runs (nothing starts when the lines are off)."""
+        return _Watcher(self) if self.seconds else _Nothing()
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _Watcher:
+    """Calls ``lines.tick()`` every second from a daemon thread until the block ends."""
+
+    def __init__(self, lines: PhaseLines):
+        self.lines, self.stop = lines, threading.Event()
+        self.thread = threading.Thread(target=self._run, name="adalora-progress", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(1.0):
+            self.lines.tick()
+
+    def __enter__(self) -> _Watcher:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def stats(row: dict[str, Any], step: int | None = None) -> str:
+    """A logged row's loss, rate and budget; ``(step N)`` after the loss when the row is not
+    step ``step``'s own (between logged rows), so a repeated loss does not look live."""
+    loss = "loss -" if row["loss"] is None else f"loss {row['loss']:.4f}"  # a skipped step
+    if step is not None and row.get("step", step) != step:
+        loss += f" (step {row['step']})"
+    parts = [loss, f"lr {row['lr']:.2e}"]
     if "budget" in row:
         parts.append(f"budget {row['budget']}")
     return "  ".join(parts)
@@ -148,25 +261,36 @@ class TrainProgress:
             transient=False,
         )
         self._task = None
-        self._last = ""
+        self._row: dict[str, Any] | None = None
+        self._noted = ""
+        # an evaluation's progress: in the bar's status on a terminal, as lines in a log
+        self._phase = PhaseLines(phase_seconds() if self._lines.enabled else 0.0, sys.stdout,
+                                 clock)
+        self._watcher = self._phase.watching()
 
     def __enter__(self) -> TrainProgress:
         self._progress.start()
         self._task = self._progress.add_task("train", total=self.total, status="",
                                              completed=self.start)
+        self._watcher.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._watcher.__exit__(*exc)
         self._progress.stop()
+
+    def _stats(self, step: int) -> str:
+        return stats(self._row, step) if self._row is not None else ""
 
     def advance(self, step: int, row: dict[str, Any] | None = None) -> None:
         """One step done; ``row``: its training row when it logged one (the bar shows the
-        last row's loss and rate: reading every step's loss would wait on the GPU)."""
+        last row's loss and rate, with its step when it is an earlier one: reading every
+        step's loss would wait on the GPU)."""
         if row is not None:
-            self._last = stats(row)
-        self._progress.update(self._task, advance=1, status=self._last)
+            self._row = row
+        self._progress.update(self._task, advance=1, status=self._stats(step))
         if self._lines.enabled:
-            self._lines.advance(step, self._last)
+            self._lines.advance(step, self._stats(step))
 
     def scores(self, step: int, split: str, metrics: dict[str, float]) -> None:
         """An evaluation's scores, as a line that stays (not for the final evaluation, whose
@@ -185,9 +309,23 @@ class TrainProgress:
         """Time from now: elapsed and eta then count training steps only, not an evaluation
         before the first step (train.eval_at_start)."""
         self._lines.began = self._lines.last_time = self._lines.clock()
-        self._progress.reset(self._task, completed=self.start, status=self._last)
+        self._progress.reset(self._task, completed=self.start,
+                             status=self._stats(self._lines.step))
 
     def note(self, text: str) -> None:
-        """A transient message (e.g. 'evaluating validation') in place of the stats."""
-        self._progress.update(self._task, status=text or self._last)
+        """A transient message (e.g. 'evaluating validation') in place of the stats; ''
+        ends it."""
+        self._noted = text
+        self._progress.update(self._task, status=text or self._stats(self._lines.step))
         self._lines.note(text)
+        if text:  # the line above said it; reports add how far along it is
+            self._phase.begin(f"step {self._lines.step}/{self.total}  {text}", show=False)
+        else:
+            self._phase.end()
+
+    def report(self, what: str, done: int, total: int) -> None:
+        """How far along the noted work is (a listener of ``adalora_cli.tasks.progress``)."""
+        if self.disable or not self._noted:
+            return
+        self._progress.update(self._task, status=f"{self._noted}: {what} {done}/{total}")
+        self._phase.report(what, done, total)

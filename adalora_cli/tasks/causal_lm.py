@@ -29,7 +29,7 @@ from ..config import ConfigError, RunConfig
 from ..errors import first_line
 from ..rundir.layout import PREDICTIONS_JSONL
 from . import data as rawdata
-from . import eval_order
+from . import eval_order, progress
 from .base import Task, TaskData, no_autocast
 from .causal_lm_data import (
     CHATS,
@@ -163,7 +163,8 @@ class CausalLMTask(Task):
                    autocast: Callable[[], Any]) -> tuple[float, int]:
         """(summed cross-entropy, number of target tokens) over a split."""
         total, count = 0.0, 0
-        for rows in eval_order.sorted_batches(eval_order.input_lengths(data), batch_size):
+        batches = eval_order.sorted_batches(eval_order.input_lengths(data), batch_size)
+        for rows in progress.counted(batches, "scoring the loss"):
             batch = {k: v.to(device) for k, v in collate([data[i] for i in rows]).items()}
             with autocast():
                 logits = model(input_ids=batch["input_ids"],
@@ -184,7 +185,7 @@ class CausalLMTask(Task):
         tok = self.tokenizer
         out: list[str] = []
         batches = eval_order.sorted_batches([len(p) for p in prompts], batch_size)
-        for rows in batches:
+        for rows in progress.counted(batches, "generating"):
             batch = {k: v.to(device) for k, v in
                      pad_left([prompts[i] for i in rows], tok.pad_token_id).items()}
             with autocast():

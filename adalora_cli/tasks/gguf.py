@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from . import progress
 
 SUFFIX = ".gguf"
 PACKAGES = ("gguf", "accelerate")
@@ -156,7 +157,9 @@ def reading(path: str):
 def progress_as_configured():
     """Inside: transformers' GGUF dequantizer shows its per-tensor bar only when
     transformers' progress bars are enabled. It draws with tqdm directly, past the switch
-    (``disable_progress_bar``) that the CLI turns off to keep its output to one bar."""
+    (``disable_progress_bar``) that the CLI turns off to keep its output to one bar; with
+    the switch off its tensors are counted to the run's own progress instead (a 135M model
+    takes minutes on two cores)."""
     from transformers.utils import logging
 
     module = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
@@ -164,7 +167,8 @@ def progress_as_configured():
     if real is None or logging.is_progress_bar_enabled():
         yield
         return
-    module.tqdm = lambda iterable, *args, **kwargs: iterable
+    module.tqdm = lambda iterable, *args, **kwargs: progress.counted(
+        iterable, "dequantizing tensors", total=len(iterable), size=lambda tensor: 1)
     try:
         yield
     finally:

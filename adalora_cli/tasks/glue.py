@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..config import ConfigError, RunConfig
 from ..errors import first_line
 from . import data as rawdata
-from . import eval_order, metrics
+from . import eval_order, metrics, progress
 from .base import Task, TaskData, require
 from .pretrained import from_pretrained, load_tokenizer
 
@@ -222,7 +222,9 @@ class TextClassificationTask(Task):
         all_logits, all_labels = [], []
         batches = eval_order.sorted_batches(eval_order.input_lengths(data), batch_size)
         try:
-            for batch in DataLoader(data, batch_sampler=batches, collate_fn=collate):
+            for batch in progress.counted(
+                    DataLoader(data, batch_sampler=batches, collate_fn=collate), "scoring",
+                    total=len(data), size=lambda b: len(b["input_ids"])):
                 batch = {k: v.to(device) for k, v in batch.items()}
                 with autocast():
                     logits = model(**batch).logits

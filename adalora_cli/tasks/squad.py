@@ -37,7 +37,7 @@ from ..config import ConfigError, RunConfig
 from ..errors import first_line, writing
 from ..rundir.layout import PREDICTIONS, split_predictions
 from . import data as rawdata
-from . import eval_order, squad_postprocess, squad_scoring
+from . import eval_order, progress, squad_postprocess, squad_scoring
 from .base import Task, TaskData, no_autocast, require
 from .pretrained import from_pretrained, load_tokenizer
 from .squad_features import QAExample, QAFeatures, build_features
@@ -234,7 +234,9 @@ class SquadTask(Task):
         ends: list[np.ndarray] = []
         batches = eval_order.sorted_batches(eval_order.input_lengths(data), batch_size)
         try:
-            for batch in DataLoader(data, batch_sampler=batches, collate_fn=collate):
+            for batch in progress.counted(
+                    DataLoader(data, batch_sampler=batches, collate_fn=collate),
+                    "scoring windows", total=len(data), size=lambda b: len(b["input_ids"])):
                 batch = {k: v.to(device) for k, v in batch.items()}
                 with autocast():
                     out = model(**batch)

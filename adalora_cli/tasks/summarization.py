@@ -25,8 +25,6 @@ checkpoint (the offline demo's MiniLM) is warm-started into the same BART shape 
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +37,7 @@ from torch.utils.data import Dataset
 
 from ..config import ConfigError, RunConfig
 from ..rundir.layout import PREDICTIONS_JSONL
-from . import bbc_news, eval_order
+from . import bbc_news, eval_order, progress
 from . import data as rawdata
 from .base import Task, TaskData, require
 from .pretrained import from_pretrained, load_config, load_tokenizer
@@ -86,29 +84,6 @@ def pad_batch(items: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tenso
     if "labels" in items[0]:
         batch["labels"] = pad([i["labels"] for i in items], LABEL_PAD)
     return batch
-
-
-class GenerationProgress:
-    """A text progress bar for generation, one line at most every ``every`` seconds.
-
-    Lines rather than a redrawn bar, so they stack above the training bar's live display;
-    printed only to a terminal, so logs and tests stay clean."""
-
-    def __init__(self, split: str, total: int, every: float = 15.0):
-        self.split, self.total, self.every = split, total, every
-        self.enabled = sys.stderr.isatty()
-        self.start = self.last = time.perf_counter()
-
-    def update(self, done: int) -> None:
-        now = time.perf_counter()
-        if not self.enabled or (now - self.last < self.every and done < self.total):
-            return
-        self.last, elapsed = now, now - self.start
-        filled = int(20 * done / max(1, self.total))
-        left = elapsed / done * (self.total - done) if done else 0.0
-        print(f"generating {self.split} [{'#' * filled}{'.' * (20 - filled)}] "
-              f"{done}/{self.total} summaries, {elapsed:.0f}s, ~{left:.0f}s left",
-              file=sys.stderr, flush=True)
 
 
 class SummarizationTask(Task):
@@ -266,10 +241,9 @@ class SummarizationTask(Task):
         was_training = model.training
         model.eval()
         out: list[str] = []
-        progress = GenerationProgress(split or "summaries", len(data))
         batches = eval_order.sorted_batches(eval_order.input_lengths(data), batch_size)
-        try:
-            for rows in batches:
+        try:  # the run's progress display (or eval's) shows how far along it is
+            for rows in progress.counted(batches, "generating"):
                 picked = data[rows]  # columns -> lists, in the batch's row order
                 items = [{"input_ids": i, "attention_mask": m}
                          for i, m in zip(picked["input_ids"], picked["attention_mask"])]
@@ -279,7 +253,6 @@ class SummarizationTask(Task):
                     ids = model.generate(**batch, **self.generation_kwargs())
                 out.extend(t.strip() for t in
                            self.tokenizer.batch_decode(ids, skip_special_tokens=True))
-                progress.update(len(out))
         finally:
             model.train(was_training)
         return eval_order.restore_order(out, batches)

@@ -88,8 +88,10 @@ def test_a_method_with_nothing_to_train_is_refused(method, tmp_path, in_repo):
     result = CliRunner().invoke(app, ["train", SMOKE, f"method.name={method}",
                                       "--run-dir", str(tmp_path / "r")])
     assert result.exit_code == 2, result.output
-    assert result.output.strip() == (f"error: method {method} finds nothing to train in "
-                                     "LlamaForCausalLM; choose another method.name")
+    *header, error = result.output.strip().splitlines()
+    assert [line.split()[0] for line in header] == ["train", "device", "loading"]  # the run's
+    assert error == (f"error: method {method} finds nothing to train in LlamaForCausalLM; "
+                     "choose another method.name")
     assert not (tmp_path / "r").exists()
 
 

@@ -185,9 +185,9 @@ def test_auto_on_the_cpu_is_bf16_only_where_native_and_says_so_once(
                     tmp_path / f"run-{quiet}", quiet=quiet)
         summary = json.loads((run / "summary.json").read_text())
         assert summary["precision"]["autocast"] == ran
-        notes = [line for line in capsys.readouterr().err.splitlines()
+        notes = [line for line in capsys.readouterr().out.splitlines()
                  if "train.precision=auto" in line]
-        if quiet:  # beside a progress bar only: --quiet runs (sweeps, scripts) stay terse
+        if quiet:  # the run's header only: --quiet runs (sweeps, scripts) stay terse
             assert notes == []
-        else:
-            assert len(notes) == 1 and reason in notes[0]
+        else:  # the header's device line, before the model loads
+            assert len(notes) == 1 and notes[0].startswith("device cpu: ") and reason in notes[0]

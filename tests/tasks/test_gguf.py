@@ -149,8 +149,10 @@ def test_without_the_extra_training_stops_with_the_install_hint(tiny_gguf, tmp_p
                                       f"model.name_or_path={tiny_gguf}", "--run-dir", str(run)])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert lines == [f"error: {tiny_gguf} is a GGUF file; reading it needs the gguf package: "
-                     "pip install -e '.[gguf]' (or make install)"], result.output
+    # the run's header (what runs, on which device, what loads) first, then the one error
+    assert [line.split()[0] for line in lines[:-1]] == ["train", "device", "loading"]
+    assert lines[-1:] == [f"error: {tiny_gguf} is a GGUF file; reading it needs the gguf "
+                          "package: pip install -e '.[gguf]' (or make install)"], result.output
     assert not run.exists()  # refused before anything was written
 
 
@@ -167,6 +169,9 @@ def test_a_broken_gguf_file_is_one_line(tiny_gguf, tmp_path, in_repo, command):
                                       f"model.name_or_path={folder}", *command[1:], *where])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
+    header = ["train", "device", "loading"] if command == ["train"] else []  # a run's header
+    assert [line.split()[0] for line in lines[:-1]] == header, result.output
+    lines = lines[-1:]
     assert len(lines) == 1 and lines[0].startswith(
         f"error: could not read {folder / 'cut.gguf'} as a model ("), result.output
     assert lines[0].endswith("check that it is a complete GGUF file of an architecture "
