@@ -253,12 +253,14 @@ def check_config(path: Path, state: dict[str, Any], cfg: RunConfig
     check_sharding(path, state, cfg)
     saved, now = state.get("config") or {}, flat_config(cfg)
     keys = sorted(set(saved) | set(now))
+    defaults = flat_config(RunConfig())
 
     def differs(k: str) -> bool:
         before, after = saved.get(k, _ABSENT), now.get(k, _ABSENT)
-        # a key added to the config since the checkpoint was written, unset (None), leaves
-        # the run what it was: an upgrade must not strand a checkpoint
-        return before != after and not (before == _ABSENT and after is None)
+        # a key added to the config since the checkpoint was written, unset (None) or at its
+        # default, leaves the run what it was (a new key's default keeps the old behaviour,
+        # e.g. task.format=auto): an upgrade must not strand a checkpoint
+        return before != after and not (before == _ABSENT and after in (None, defaults.get(k)))
 
     changed = [k for k in keys if differs(k) and not may_change(k)]
     if state.get("config_digest") != resume_digest(cfg) and (changed or not saved):

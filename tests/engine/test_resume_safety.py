@@ -119,6 +119,20 @@ def test_a_key_added_since_the_checkpoint_unset_does_not_strand_it(in_repo, tmp_
         ckpt.check_config(path, state, changed)
 
 
+
+def test_a_key_added_since_the_checkpoint_at_its_default_does_not_strand_it(in_repo, tmp_path):
+    """A key added with a default that keeps the old behaviour (task.format: auto, which
+    reads the columns as before it existed) resumes a checkpoint that never recorded it;
+    another value of it is a change, refused by name."""
+    cfg = load_config(SMOKE)
+    assert ckpt.flat_config(cfg)["task.format"] == "auto"
+    old = {k: v for k, v in ckpt.flat_config(cfg).items() if k != "task.format"}
+    state = {"config": old, "config_digest": ckpt.resume_digest(old)}
+    path = tmp_path / "checkpoints" / "step-0000012"
+    assert ckpt.check_config(path, state, cfg) == {}
+    with pytest.raises(ConfigError, match=r"task.format '\(absent\)' -> 'alpaca'"):
+        ckpt.check_config(path, state, load_config(SMOKE, ["task.format=alpaca"]))
+
 # ------------------------------------------------------------------ 1b. changed data
 def test_a_resume_on_changed_data_is_refused(smoke, tmp_path, baseline, in_repo):
     """Rows appended (T would change mid-run) or a label edited in place: refused like a
