@@ -262,6 +262,7 @@ class TrainProgress:
         )
         self._task = None
         self._row: dict[str, Any] | None = None
+        self._step = start  # (the plain lines count steps only when they print)
         self._noted = ""
         # an evaluation's progress: in the bar's status on a terminal, as lines in a log
         self._phase = PhaseLines(phase_seconds() if self._lines.enabled else 0.0, sys.stdout,
@@ -286,6 +287,7 @@ class TrainProgress:
         """One step done; ``row``: its training row when it logged one (the bar shows the
         last row's loss and rate, with its step when it is an earlier one: reading every
         step's loss would wait on the GPU)."""
+        self._step = step
         if row is not None:
             self._row = row
         self._progress.update(self._task, advance=1, status=self._stats(step))
@@ -309,17 +311,16 @@ class TrainProgress:
         """Time from now: elapsed and eta then count training steps only, not an evaluation
         before the first step (train.eval_at_start)."""
         self._lines.began = self._lines.last_time = self._lines.clock()
-        self._progress.reset(self._task, completed=self.start,
-                             status=self._stats(self._lines.step))
+        self._progress.reset(self._task, completed=self.start, status=self._stats(self._step))
 
     def note(self, text: str) -> None:
         """A transient message (e.g. 'evaluating validation') in place of the stats; ''
         ends it."""
         self._noted = text
-        self._progress.update(self._task, status=text or self._stats(self._lines.step))
+        self._progress.update(self._task, status=text or self._stats(self._step))
         self._lines.note(text)
         if text:  # the line above said it; reports add how far along it is
-            self._phase.begin(f"step {self._lines.step}/{self.total}  {text}", show=False)
+            self._phase.begin(f"step {self._step}/{self.total}  {text}", show=False)
         else:
             self._phase.end()
 

@@ -212,3 +212,24 @@ def test_progress_leaves_the_runs_files_as_a_quiet_run_writes_them(monkeypatch, 
     for name in ("metrics.jsonl", "rank_pattern.json", "adapter_model.safetensors",
                  "predictions.jsonl", "rank_history.jsonl"):
         assert (loud / name).read_bytes() == (quiet / name).read_bytes(), name
+
+
+def test_the_bar_marks_only_an_earlier_steps_loss(monkeypatch):
+    """On a terminal (no plain lines) the bar's status after an evaluation is the loss of
+    the step it was logged at, marked only when the bar has moved past it."""
+    out = io.StringIO()
+    out.isatty = lambda: True  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stdout", out)
+    with TrainProgress(total=4) as bar:
+        bar.advance(1)
+        bar.advance(2, {"step": 2, "loss": 0.5, "lr": 1e-3})
+        bar.note("evaluating validation")
+        bar.report("generating", 3, 8)
+        status = [bar._progress.tasks[0].fields["status"]]
+        bar.note("")
+        status.append(bar._progress.tasks[0].fields["status"])
+        bar.advance(3)
+        status.append(bar._progress.tasks[0].fields["status"])
+    assert status == ["evaluating validation: generating 3/8", "loss 0.5000  lr 1.00e-03",
+                      "loss 0.5000 (step 2)  lr 1.00e-03"]
+    assert out.getvalue() == ""  # a terminal: the bar, no lines
