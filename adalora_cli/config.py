@@ -553,6 +553,19 @@ class TrainConfig:
     averages gradients (DDP); 'fsdp' shards the frozen base, the adapters and the optimizer
     state across the processes (torch FSDP2), for models that do not fit one device. One
     process always holds the whole model; 'fsdp' needs several (docs/training.md)."""
+    select: Literal["last", "best"] | None = None
+    """Which step's weights the run ends with: 'last' (None means the same) the final step's;
+    'best' those of the evaluation (every eval_every steps, and the final one) that scored
+    best on select_metric. The chosen step's weights, rank pattern and scores are the run's
+    (summary.json: ``selected``)."""
+    select_metric: str | None = None
+    """With select=best: the metric to choose by, as the task reports it (``accuracy``), or
+    ``split/metric`` for another evaluation split (``validation_mismatched/accuracy``). None:
+    the task's main metric (its first report column), in its direction (lower is better for
+    a loss, a perplexity or a mean squared error)."""
+    early_stop_patience: int | None = None
+    """With select=best: end training once this many evaluations in a row have not improved
+    on the best; None or 0 trains to the end."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "train")
@@ -585,6 +598,32 @@ class TrainConfig:
                f"clipping), got {self.max_grad_norm}")
         _check(self.keep_checkpoints >= 1,
                f"train.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        self._check_select()
+
+    def _check_select(self) -> None:
+        """A selection needs evaluations to choose from; patience and a metric mean nothing
+        without one, and would otherwise be silently ignored."""
+        best = self.select == "best"
+        _check(self.early_stop_patience is None or self.early_stop_patience >= 0,
+               f"train.early_stop_patience must be >= 0 (0: off), got "
+               f"{self.early_stop_patience}")
+        _check(best or not self.early_stop_patience,
+               "train.early_stop_patience stops on the selection metric; set "
+               "train.select=best with it (and train.eval_every)")
+        _check(best or self.select_metric is None,
+               f"train.select_metric={self.select_metric} is read only by train.select=best; "
+               "set train.select=best, or drop train.select_metric")
+        _check(not best or self.eval_every is not None,
+               "train.select=best chooses among the periodic evaluations; set "
+               "train.eval_every (e.g. train.eval_every=100)")
+        _check(not best or self.sharding == "none",
+               "train.select=best does not run with train.sharding=fsdp yet; use "
+               "train.select=last there")
+        metric = self.select_metric
+        _check(metric is None or (metric.strip() and metric.count("/") <= 1
+                                  and all(metric.split("/"))),
+               f"train.select_metric {metric!r} is not a metric name; write e.g. accuracy, "
+               "or split/metric as validation_matched/accuracy")
 
 
 @dataclass(frozen=True)

@@ -113,11 +113,15 @@ def kept_triplets(run_dir: Path, layers: list[tuple[str, SVDLinear]]) -> dict[st
 
 
 def adalora_tensors(layers: list[tuple[str, SVDLinear]], keep: dict[str, torch.Tensor]):
-    """PEFT tensors and ``rank_pattern`` of the kept triplets."""
+    """PEFT tensors and ``rank_pattern`` of the kept triplets, and of any masked one whose
+    singular value is not zero: between two mask events a masked ``lam`` keeps training
+    (docs/maths.md#masking), so a step chosen there (``train.select=best``) holds some, and
+    the export must compute what the run computed. At the end of a run the final phase has
+    zeroed them all."""
     tensors: dict[str, torch.Tensor] = {}
     pattern: dict[str, list[bool]] = {}
     for path, layer in layers:
-        k = keep[path]  # (r0,) bool
+        k = keep[path] | (layer.lam.detach() != 0)  # (r0,) bool
         fix = (layer.r0 + PEFT_EPS) / layer.r0  # PEFT's ranknum + eps -> our r0
         tensors[f"{PREFIX}{path}.lora_A"] = layer.Q.detach()[k]  # (r, d_in)
         tensors[f"{PREFIX}{path}.lora_E"] = (layer.lam.detach()[k] * fix).unsqueeze(1)  # (r, 1)

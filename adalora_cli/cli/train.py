@@ -111,24 +111,47 @@ def print_result(path: Path) -> None:
     for split, metrics in (summary.metrics_at_start or {}).items():
         console.print(f"{split} before training: {metrics_line(metrics)}", highlight=False,
                       soft_wrap=True)
+    if summary.selected:  # train.select=best: the scores below are the chosen step's
+        console.print(selected_line(summary), highlight=False, soft_wrap=True)
     for split, metrics in summary.metrics.items():
         console.print(f"{split}: {metrics_line(metrics)}", highlight=False)
     console.print(end_of_run(summary), highlight=False)
     console.print(f"run directory: {path}", highlight=False)
 
 
+def selected_line(s: Summary) -> str:
+    """``selected step 8 (best: validation/loss 5.64144); early stopping ended training at
+    step 12``."""
+    chosen = s.selected or {}
+    value = chosen.get("value")
+    shown = "n/a" if value is None else f"{value:.6g}"
+    line = (f"selected step {chosen.get('step')} ({chosen.get('from')}: "
+            f"{chosen.get('split')}/{chosen.get('metric')} {shown})")
+    if chosen.get("stopped_early_at") is not None:
+        line += f"; early stopping ended training at step {chosen['stopped_early_at']}"
+    return line
+
+
 def end_of_run(s: Summary) -> str:
     """``32 steps in 0:00:04 on cpu, peak memory 312 MiB; trained 3,266 parameters (3,200
-    adapter + 66 head); final mean rank 1.33 (b(T) 16 over 12 matrices)``."""
+    adapter + 66 head); final mean rank 1.33 (b(T) 16 over 12 matrices)``; with a step
+    chosen before the end (train.select=best), the steps run and that step's ranks."""
     from ..engine.progress import clock_text
 
-    parts = [f"{s.total_steps} steps in {clock_text(s.train_seconds or 0)} on {s.device}"]
+    chosen = s.selected or {}
+    ran = chosen.get("stopped_early_at")
+    steps = f"{ran} of {s.total_steps}" if ran is not None else f"{s.total_steps}"
+    parts = [f"{steps} steps in {clock_text(s.train_seconds or 0)} on {s.device}"]
     if s.peak_memory_bytes:
         parts[0] += f", peak memory {s.peak_memory_bytes / 2**20:,.0f} MiB"
     if s.trainable_params is not None:
         parts.append(f"trained {s.trainable_params:,} parameters ({s.adapter_params:,} "
                      f"adapter + {s.head_params:,} head)")
-    if s.final_mean_rank is not None:
+    if s.final_mean_rank is not None and chosen.get("from") == "best":
+        parts.append(f"mean rank at step {chosen.get('step')} {s.final_mean_rank:.2f} "
+                     f"(budget {s.final_budget} over {s.n_matrices} matrices, "
+                     f"{s.final_adapter_params:,} adapter parameters kept)")
+    elif s.final_mean_rank is not None:
         parts.append(f"final mean rank {s.final_mean_rank:.2f} (b(T) {s.final_budget} over "
                      f"{s.n_matrices} matrices, {s.final_adapter_params:,} adapter "
                      "parameters kept)")

@@ -29,7 +29,7 @@ from ..methods.base import MethodHandle
 from ..methods.registry import check_method
 from ..tasks import get_task, gguf
 from ..tasks.base import Task, TaskData
-from . import sharding
+from . import selection, sharding
 from .distributed import World
 from .schedule import total_steps
 from .weightless import weightless_loading
@@ -404,6 +404,7 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     data = task.load_data(tokenizer)
     if len(data.train) == 0:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
+    selection.plan(cfg, task, list(data.eval_splits))  # train.select_metric: one the task reports
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
     cfg = cfg.with_final_budget(handle.n_matrices)  # adalora.target_rank -> its b(T)

@@ -6,6 +6,8 @@ a checkpoint. Unset (always, outside the tests), every call here is a dictionary
 
 - ``kill@step=N``: SIGKILL right after optimizer step N was logged;
 - ``kill@eval=N``: SIGKILL after the first split of the evaluation at step N was logged;
+- ``kill@chosen=N``: SIGKILL as a run that chose step N (``train.select=best``) is about to
+  score it again at the end;
 - ``kill@checkpoint=N``: SIGKILL after checkpoint N's files were written, before it is
   published (a crash while writing);
 - ``enospc@checkpoint=N``: writing checkpoint N fails as on a full disk;

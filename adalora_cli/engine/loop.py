@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ from ..tasks import progress as task_progress
 from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults, sharded_checkpoint, sharding
+from . import selection as best
 from .build import Built, autocast_factory, build_run, dtype_name, pick_device
 from .distributed import (
     World,
@@ -236,6 +238,7 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
     run.finish(summary)
     if w.main:
         ckpt.remove_all(run.path)  # a finished run keeps its final weights, not checkpoints
+        best.remove(run.path)  # ... which are the chosen step's under train.select=best
     return run.path
 
 
@@ -267,7 +270,11 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     loader = DataLoader(data.train, batch_sampler=batches, generator=generator,
                         collate_fn=LengthSplit(data.collate, t_cfg.length_split),
                         pin_memory=device.type == "cuda")
-    pos = _restore(latest, built, stepper, run, w) if latest is not None else ckpt.Position()
+    selection = best.plan(cfg, built.task, list(data.eval_splits))  # train.select=best
+    if w.main and latest is None:
+        best.remove(run.path)  # an attempt that left no checkpoint starts over
+    pos = (_restore(latest, built, stepper, run, w, selection) if latest is not None
+           else ckpt.Position())
     # the data's sizes and fingerprint, for every checkpoint (only rank 0 writes them)
     dataset = data_record(data.train, data.eval_splits) if w.main else {}
 
@@ -277,10 +284,34 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         stepper.check_finite()  # never checkpoint weights a non-finite loss trained
         pos.seconds_now = pos.seconds + time.perf_counter() - start
         rngs = before_eval[0] if before_eval else gather(ckpt.rng_state(), w)  # every rank's
-        path = _save(run, built, stepper, generator, pos, rngs, dataset, w, before_eval)
+        extra = {best.KEY: selection.record()} if selection is not None else {}
+        path = _save(run, built, stepper, generator, pos, rngs, dataset, w, before_eval,
+                     extra)
         if path is not None:  # rank 0 wrote it
             pos.checkpoint_bytes = _size(path)
+            if selection is not None:  # the bests no kept checkpoint resumes to go
+                best.after_checkpoint(run.path, pos.step, selection.step,
+                                      [int(c.name[5:]) for c in ckpt.checkpoints(run.path)])
         pos.saved_step = pos.step
+
+    def choose(step: int, results: dict[str, dict[str, float]]) -> bool:
+        """Rank 0 judges the evaluation at ``step`` (train.select=best); every rank learns
+        the selection, or its refusal. True when ``step`` is the new best."""
+        outcome = None
+        if w.main:
+            try:
+                selection.observe(step, results, built.task)
+                outcome = ("ok", selection.record())
+            except ConfigError as err:
+                outcome = ("refused", str(err))
+        outcome = broadcast(outcome, w)
+        if outcome[0] != "ok":
+            raise ConfigError(outcome[1])
+        selection.restore(outcome[1])
+        return selection.step == step
+
+    def stopped_early() -> bool:
+        return selection is not None and selection.stopped_at is not None
 
     # Under FSDP every forward is collective: a stop may not cut one process's evaluation
     # short while the others wait in it, so there it is honoured after the evaluation.
@@ -304,10 +335,17 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             before = (gather(ckpt.rng_state(), w), run.stream_sizes())
             try:
                 with stop_now():
-                    _evaluate(built, stepper, pos.step, logger, w)
+                    results = _evaluate(built, stepper, pos.step, logger, w)
             except Preempted:
                 save(before_eval=before)  # the resumed run evaluates this step again
                 raise stopped(stop.received) from None
+            if selection is not None and pos.step > 0:  # step 0: the untrained model
+                if choose(pos.step, results) and w.main:
+                    best.publish(run.path, pos.step, trained_state(built.model, handle),
+                                 _controller_state(handle))
+                if selection.stop_due():
+                    selection.stopped_at = pos.step
+                    _say_early_stop(selection, quiet)
         if save_due:
             save()
         if w.distributed and not (synced or eval_due or save_due):
@@ -332,7 +370,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             except Preempted:
                 raise stopped(stop.received) from None
             progress.restart_clock()  # the eta is the training's, not the evaluation's
-        while pos.step < steps:
+        while pos.step < steps and not stopped_early():
             if pos.epoch_start is None:  # a fresh epoch (not one being resumed)
                 pos.epoch_start, pos.consumed = generator.get_state(), 0
             else:
@@ -367,7 +405,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                 faults.hit("step", pos.step)
                 boundary(eval_due=bool(t_cfg.eval_every) and pos.step % t_cfg.eval_every == 0
                          and pos.step < steps, synced=row_due or log.ranks is not None)
-                if pos.step >= steps:
+                if pos.step >= steps or stopped_early():
                     break
             else:  # the epoch ran out: the next one draws a new order
                 pos.epoch, pos.epoch_start = pos.epoch + 1, None
@@ -377,7 +415,13 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         stepper.check_finite()  # (a run whose last steps needed no checkpoint)
         try:
             with stop_now():  # the checkpoint at T is saved: a stop loses nothing
-                results = _evaluate(built, stepper, pos.step, logger, w)
+                if not stopped_early():  # (early stopping just scored this step)
+                    results = _evaluate(built, stepper, pos.step, logger, w)
+                if selection is not None:
+                    if not stopped_early():
+                        choose(pos.step, results)
+                    results = _take_chosen(built, stepper, selection, pos.step, run.path,
+                                           logger, w)
         except Preempted:
             raise stopped(stop.received) from None
         if w.main:  # e.g. SQuAD's answers; a task without predictions writes nothing
@@ -388,13 +432,60 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         return None
 
     # epochs actually run (fractional under max_steps): the report's time per epoch
-    epochs = steps / math.ceil(len(loader) / t_cfg.grad_accum)
+    epochs = pos.step / math.ceil(len(loader) / t_cfg.grad_accum)
+    chosen = selection.step if selection is not None else None
     summary = write_outputs(built, run, results, train_seconds, epochs, pos.checkpoint_bytes,
-                            final)
+                            final, chosen_step=chosen if chosen != pos.step else None)
     summary.precision = precision_record(built, stepper)
+    if selection is not None:
+        summary.selected = selection.summary(last_step=pos.step)
     if t_cfg.eval_at_start:
         summary.metrics_at_start = _metrics_at_start(run)
     return summary
+
+
+def _controller_state(handle) -> dict[str, Any] | None:
+    return handle.allocator.state_dict() if handle.allocator is not None else None
+
+
+def _say_early_stop(selection: best.Selection, quiet: bool) -> None:
+    if not quiet:
+        print(f"early stopping at step {selection.stopped_at}: {selection.name} has not "
+              f"improved on step {selection.step}'s {selection.value:.6g} in "
+              f"{selection.since} evaluation{'s' if selection.since != 1 else ''} "
+              f"(train.early_stop_patience={selection.patience})", file=sys.stderr, flush=True)
+
+
+class _Unrecorded:
+    """The logger of the chosen step's second scoring: its rows and scores are in
+    metrics.jsonl and the trackers already, so only the progress note shows."""
+
+    def __init__(self, logger: RunLogger):
+        self.logger = logger
+
+    def evaluating(self, split: str) -> None:
+        self.logger.evaluating(split)
+
+    def evaluated(self, step: int, split: str, metrics: dict[str, float]) -> None: ...
+
+    def evaluations_done(self) -> None:
+        self.logger.evaluations_done()
+
+
+def _take_chosen(built: Built, stepper: Stepper, selection: best.Selection, last: int,
+                 run_path: Path, logger: RunLogger, w: World
+                 ) -> dict[str, dict[str, float]]:
+    """End with the chosen step: its tensors and rank controller state put back (rank 0,
+    which writes the outputs) and scored again, so that the summary's metrics and the
+    predictions are that step's. The last step, chosen, is as it was scored."""
+    step = selection.step if selection.step is not None else last
+    faults.hit("chosen", step)
+    if w.main and step != last:
+        tensors, controller = best.load(run_path, step)
+        built.model.load_state_dict(tensors, strict=False)
+        if controller is not None:
+            built.handle.allocator.load_state_dict(controller)
+    return _evaluate(built, stepper, step, _Unrecorded(logger), w)
 
 
 def _metrics_at_start(run: RunDir) -> dict[str, dict[str, float]] | None:
@@ -473,11 +564,13 @@ def _size(path: Path) -> int:
 
 def _save(run: RunDir | Silent, built: Built, stepper: Stepper, generator: torch.Generator,
           pos: ckpt.Position, rngs: list[dict], dataset: dict[str, Any], w: World,
-          before_eval: tuple[list, dict] | None = None) -> Path | None:
+          before_eval: tuple[list, dict] | None = None,
+          extra: dict[str, Any] | None = None) -> Path | None:
     """Rank 0 writes a whole checkpoint (the state is the same on every rank); a sharded
     one takes every process. Returns its path on rank 0. ``before_eval``: the RNG states
     and stream sizes from before an evaluation that a stop signal cut short; saved instead
-    of the current ones, with the evaluation pending."""
+    of the current ones, with the evaluation pending. ``extra``: more of the loop's state
+    (the selection of train.select=best)."""
     sharded, keep = sharding.enabled(built.cfg), built.cfg.train.keep_checkpoints
     if not (w.main or sharded):
         return None
@@ -485,7 +578,7 @@ def _save(run: RunDir | Silent, built: Built, stepper: Stepper, generator: torch
     state = {**ckpt.state_of(stepper, generator, pos, rngs, streams,
                              eval_pending=before_eval is not None, sharded=sharded),
              **ckpt.config_record(built.cfg),  # a resume under another config is refused
-             DATA_KEY: dataset}  # ... and so is one on other data
+             DATA_KEY: dataset, **(extra or {})}  # ... and so is one on other data
     if sharded:
         return sharded_checkpoint.save(run.path, pos.step, built.model, stepper.optimizer,
                                        state, keep, w)
@@ -493,8 +586,8 @@ def _save(run: RunDir | Silent, built: Built, stepper: Stepper, generator: torch
                                 state, keep=keep)
 
 
-def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir, w: World
-             ) -> ckpt.Position:
+def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir, w: World,
+             selection: best.Selection | None = None) -> ckpt.Position:
     tensors, state = ckpt.load_checkpoint(path)
     if sharding.enabled(built.cfg):
         sharded_checkpoint.load(path, built.model, stepper.optimizer)
@@ -510,4 +603,8 @@ def _restore(path: Path, built: Built, stepper: Stepper, run: RunDir, w: World
         warning(lost)
         run.record_resume({}, lost)
     pos.checkpoint_bytes = _size(path)
+    if selection is not None and state.get(best.KEY):  # the best so far, and where it is
+        selection.restore(state[best.KEY])
+        if w.main:
+            best.rewind(run.path, pos.step, selection.step)
     return pos

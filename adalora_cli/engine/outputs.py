@@ -110,10 +110,11 @@ def _peak_memory(device: torch.device) -> int:
 
 def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
                   epochs: float, checkpoint_bytes: int | None,
-                  final: Final | None = None) -> Summary:
+                  final: Final | None = None, chosen_step: int | None = None) -> Summary:
     """Write a finished run's outputs (rank pattern, heatmap, weights); return its summary,
     for the run directory to write last. ``final``: a sharded run's weights, gathered whole
-    (``sharding.gather_final``)."""
+    (``sharding.gather_final``). ``chosen_step``: the earlier step whose weights and rank
+    controller the model holds now (train.select=best), named in the heatmap's title."""
     cfg, handle = built.cfg, built.handle
     status = RunDir.read_status(run.path) or {}
     summary = Summary(
@@ -152,8 +153,10 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
 
         with writing(run.path / HEATMAP, then=RESUME, library=True):
             plot_rank_heatmap(pattern, run.path / HEATMAP,
-                              title=f"{cfg.task.name} {cfg.method.name}: final ranks "
-                                    f"(budget {sum(pattern.values())})")
+                              title=f"{cfg.task.name} {cfg.method.name}: "
+                                    + (f"ranks at step {chosen_step}" if chosen_step
+                                       else "final ranks")
+                                    + f" (budget {sum(pattern.values())})")
     if cfg.train.save_weights:
         summary.weights = save_weights(built.model, handle, cfg, run.path, built.tokenizer,
                                        final)

@@ -12,6 +12,8 @@ Layout (all names fixed, so reports can rely on them)::
     checkpoints/step-N/ the training state to resume from (kept while a run is unfinished):
                         trainable.safetensors and state.pt (train.sharding=fsdp:
                         sharded/, each process's rows, and state.pt)
+    best/step-N/        train.select=best: the weights and rank controller state of the best
+                        evaluation so far (kept while a run is unfinished)
     metrics.jsonl       one JSON object per line: training rows and eval rows
     rank_history.jsonl  AdaLoRA: per-matrix ranks at every mask event
     rank_pattern.json   AdaLoRA: {module path: final rank}
@@ -52,6 +54,13 @@ CHECKPOINT_SHARDED = "sharded"
 """In ``checkpoints/step-N/`` of a ``train.sharding=fsdp`` run, instead of
 CHECKPOINT_TENSORS: the torch.distributed.checkpoint files of the trained tensors and the
 optimizer state, each process's rows."""
+BEST = "best"
+"""With ``train.select=best``: ``best/step-N/`` holds the trained tensors
+(BEST_TENSORS) and the rank controller's state (BEST_CONTROLLER) of the best evaluation so
+far, and ``best/records.json`` which of them each kept checkpoint resumes to."""
+BEST_TENSORS = "trained.safetensors"
+BEST_CONTROLLER = "controller.pt"
+BEST_RECORDS = "records.json"
 PREDICTIONS = "predictions.json"
 """SQuAD's answers, ``{id: answer}``, the format the official scripts read."""
 PREDICTIONS_JSONL = "predictions.jsonl"

@@ -132,7 +132,8 @@ class Summary:
     final_adapter_params: int | None = None
     """AdaLoRA: the adapter parameters of the triplets kept at the end (the paper's # Params)."""
     final_budget: int | None = None
-    """AdaLoRA: b(T), the ranks kept at the end (the sum of ``rank_pattern.json``)."""
+    """AdaLoRA: b(T), the ranks kept at the end (the sum of ``rank_pattern.json``); with
+    ``train.select=best``, those of the chosen step's mask."""
     weights: dict[str, Any] | None = None
     """What was saved: ``file`` and ``tensors`` (or ``model_dir``), ``allocator_state``."""
     data: dict[str, Any] = field(default_factory=dict)
@@ -146,9 +147,14 @@ class Summary:
     precision: dict[str, Any] = field(default_factory=dict)
     """What ran: ``autocast`` (fp32/bf16/fp16), the frozen base's ``base_dtype``,
     ``loss_scaling`` and ``skipped_steps`` (steps the fp16 loss scaler skipped)."""
+    selected: dict[str, Any] | None = None
+    """With ``train.select=best``: the step whose weights and scores the run ends with
+    (``step``, ``split``, ``metric``, ``value``; ``from``: ``best`` for an evaluation before
+    the last one, ``last`` when the last one scored best), and ``stopped_early_at``, the
+    step where early stopping ended training (None when it ran to the end)."""
 
     _OPTIONAL = ("final_adapter_params", "final_budget", "weights", "final_mean_rank",
-                 "metrics_at_start")
+                 "metrics_at_start", "selected")
     """Written only when set, as before these records were typed."""
 
     def to_dict(self) -> dict[str, Any]:

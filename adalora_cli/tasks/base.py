@@ -100,6 +100,12 @@ class Task(ABC):
         """Metrics of one split, e.g. {"accuracy": 0.91}. ``autocast()`` returns the
         context manager the loop uses for mixed precision."""
 
+    def metric_names(self) -> tuple[str, ...] | None:
+        """Every metric :meth:`evaluate` may return for a split, known once the data is
+        loaded: ``train.select_metric`` is checked against them before a run starts. None
+        (the default) leaves the check to the run's first evaluation."""
+        return None
+
     def report(self, metrics: dict[str, dict[str, float]]) -> TaskReport:
         """How ``adalora report`` shows this task: its title, table and columns, each with
         the direction it is better in (``metrics``: the run's {split: {name: value}}). The

@@ -196,6 +196,11 @@ class CausalLMTask(Task):
             out.extend(t.strip() for t in tok.batch_decode(new, skip_special_tokens=True))
         return eval_order.restore_order(out, batches)
 
+    def metric_names(self) -> tuple[str, ...]:
+        """Loss and perplexity; exact match and ROUGE-L when evaluation generates."""
+        generated = ("exact_match", "rougeL") if self.cfg.task.max_new_tokens > 0 else ()
+        return ("loss", "perplexity", *generated)
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, data: Dataset, *, batch_size: int,
                  collate: Callable, device: torch.device,

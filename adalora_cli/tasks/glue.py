@@ -241,6 +241,9 @@ class TextClassificationTask(Task):
         preds = logits[:, 0] if self.spec.is_regression else logits.argmax(axis=-1)
         return metrics.compute(self.spec.metrics, preds, np.asarray(labels))
 
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(self.spec.metrics)
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, data: Dataset, *, batch_size: int,
                  collate: Callable, device: torch.device,
