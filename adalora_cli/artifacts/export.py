@@ -10,14 +10,17 @@ registry (``peft_type``, ``mergeable``).
 ``adalora_cli.engine.outputs.export_facts`` is what ``train`` records in ``summary.json``
 (``export``) so that an export never has to guess the base model, its revision, the adapted
 modules or the method's hyperparameters. A run trained on a GGUF file gets its record
-(file, sha256) beside either format as ``base_gguf.json``, and its PEFT export names the
-dequantized base folder written once into the cache (:mod:`.gguf_base`). Every export holds
+(file, sha256, and the hub repo or package it came from) beside either format as
+``base_gguf.json``; its PEFT export names the hub repo and commit the file came from, or,
+for a file from elsewhere, the dequantized base folder written once into the cache
+(:mod:`.gguf_base`). Every export holds a model card, ``README.md`` (:mod:`.card`), and
 ``precision.json``: the precision the run's own scores came from, and how to run it so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -29,6 +32,7 @@ from ..errors import first_line, writing
 from ..rundir.layout import SUMMARY
 from ..rundir.run import RunDir, follow_umask, is_finished
 from ..rundir.summary import Summary, read_summary
+from .card import write_card
 
 FORMATS = ("peft", "merged")
 
@@ -99,7 +103,11 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path,
     model, tokenizer, cfg = load_run(run_dir, "cpu")  # checks a GGUF base is unchanged
     model.eval()
     base, extra = gguf_base.recorded(run_dir), {}
-    if base is not None and fmt == "peft":  # PEFT loads a folder, not a GGUF file
+    if base is not None and fmt == "peft" and base.get("repo"):
+        # a hub repo's file: named by the repo and commit, which load anywhere (the card
+        # says how: PEFT's own loader cannot read a GGUF repo)
+        writer = functools.partial(write_peft, base=(base["repo"], base.get("revision")))
+    elif base is not None and fmt == "peft":  # PEFT loads a folder, not a GGUF file
         folder = str(gguf_base.dequantized_folder(cfg.model.name_or_path, base, note))
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=folder))
         extra["base_folder"] = folder
@@ -109,6 +117,8 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path,
         if base is not None:
             gguf_base.write_record(tmp, base, **extra)
         info["precision"] = write_precision(tmp, summary, fmt)
+        info["card"] = str(write_card(tmp, fmt, cfg, summary, info, base, str(out),
+                                      info.get("base")).name)
         return info
 
     info = write_atomically(out, write)

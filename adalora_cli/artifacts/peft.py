@@ -159,10 +159,14 @@ def base_path(name: str) -> str:
 
 
 def base_config(cfg: RunConfig, model: nn.Module, summary: Summary, heads: list[str],
-                targets: list[str], transposed: bool = False) -> dict[str, Any]:
+                targets: list[str], transposed: bool = False,
+                base: tuple[str, str | None] | None = None) -> dict[str, Any]:
+    """``adapter_config.json``'s common entries; ``base``: the base's name and revision when
+    it is not the run's model path (a GGUF file from a hub repo is named by the repo)."""
+    name, revision = base or (base_path(cfg.model.name_or_path), summary.export.revision)
     return {
-        "base_model_name_or_path": base_path(cfg.model.name_or_path),
-        "revision": summary.export.revision,
+        "base_model_name_or_path": name,
+        "revision": revision,
         "task_type": peft_task_type(model),
         "inference_mode": True,
         "target_modules": targets,  # full module paths: PEFT matches them exactly
@@ -267,17 +271,19 @@ def pick_writer(layers: Layers) -> Writer:
 
 
 def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
-               summary: Summary, out: Path) -> dict[str, Any]:
+               summary: Summary, out: Path,
+               base: tuple[str, str | None] | None = None) -> dict[str, Any]:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` into ``out``, and a
     sequence classifier's ``base_config.json``; ``labels`` in the answer: its class names
-    (empty for a regressor), None for other models."""
+    (empty for a regressor), None for other models. ``base``: the base's name and revision
+    to record, when not the run's own model path."""
     check_peft_method(cfg.method.name)
     check_base_rebuilds(cfg, model)
     layers = adapter_modules(model)
     writer = pick_writer(layers)
     heads = head_modules(model)
     targets = [path for path, _ in layers]
-    config = base_config(cfg, model, summary, heads, targets, fan_in_fan_out(layers))
+    config = base_config(cfg, model, summary, heads, targets, fan_in_fan_out(layers), base)
     r0_params = sum(p.numel() for _, m in layers for p in m.adapter_parameters())
     tensors, entries = writer(run_dir, cfg, summary, layers)
     config.update(entries)
@@ -291,7 +297,8 @@ def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
             "head_params": sum(t.numel() for k, t in tensors.items()
                                if k.removeprefix(PREFIX).split(".", 1)[0] in heads),
             "bytes": (out / WEIGHTS_FILE).stat().st_size, "task_type": config["task_type"],
-            "peft_type": config["peft_type"], "labels": labels}
+            "peft_type": config["peft_type"], "labels": labels,
+            "base": config["base_model_name_or_path"]}
 
 
 def write_base_config(model: nn.Module, out: Path) -> list[str]:

@@ -57,4 +57,7 @@ def export(
     if "base_folder" in info:
         console.print(f"PEFT base (the GGUF file dequantized): {info['base_folder']}",
                       highlight=False, soft_wrap=True)
-    console.print(f"wrote {out_dir}", highlight=False)
+    elif info["format"] == "peft" and info.get("base"):
+        console.print(f"PEFT base: {info['base']}", highlight=False, soft_wrap=True)
+    console.print(f"wrote {out_dir} (README.md: what was trained, its scores, the base and "
+                  "how to load it)", highlight=False, soft_wrap=True)

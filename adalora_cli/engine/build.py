@@ -425,6 +425,9 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
     if w is None or w.main:
         _precision_notes(cfg.train.precision, precision, device)
     path = resolved.model.name_or_path
-    base = gguf.describe(path) if gguf.is_gguf(path) else None
+    # the file and its hash, and where it came from (a hub repo, a package) when known
+    base = ({**gguf.describe(path), **gguf.origin(path, (cfg.model.name_or_path,
+                                                          cfg.model.gguf_file))}
+            if gguf.is_gguf(path) else None)
     return Built(cfg, task, model, tokenizer, data, handle, steps, device, precision, dtype,
                  base)

@@ -80,7 +80,9 @@ class ExportFacts:
     """The method's config section."""
     base_gguf: dict[str, Any] | None = None
     """A GGUF base's ``file``, ``sha256`` and ``size`` (``adalora_cli.tasks.gguf``), since
-    its path alone does not say which weights it holds; None (not written) for any other."""
+    its path alone does not say which weights it holds, and where it came from when known
+    (``repo``, ``revision``, ``filename`` of a hub file; ``package``, ``package_version``,
+    ``package_file`` of a packaged one; its ``license``); None (not written) for any other."""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

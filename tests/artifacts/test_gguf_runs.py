@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 
 import pytest
@@ -142,3 +143,70 @@ def test_a_changed_gguf_file_is_refused(gguf_run, tiny_gguf, tmp_path):
     assert result.exit_code == 2, result.output
     assert f"{moved} is not the GGUF file run {run} was trained on" in result.output
     assert "restore that file" in result.output and not (tmp_path / "out").exists()
+
+
+HUB_REPO = "tiny-org/tiny-llama-GGUF"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tiny_gguf, tmp_path_factory):
+    """A hub cache holding the GGUF file as ``hf_hub_download`` leaves it: the repo
+    ``tiny-org/tiny-llama-GGUF`` at one commit, ``main`` pointing at it."""
+    root = tmp_path_factory.mktemp("hub")
+    repo = root / ("models--" + HUB_REPO.replace("/", "--"))
+    (repo / "snapshots" / COMMIT).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    shutil.copy(tiny_gguf, repo / "snapshots" / COMMIT / tiny_gguf.name)
+    return root
+
+
+@pytest.fixture()
+def offline_hub(hub_cache, monkeypatch):
+    """The hub, offline, as this cache holds it (read where each download is asked for)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+    return hub_cache
+
+
+@pytest.fixture(scope="module")
+def hub_run(smoke_runs, hub_cache):
+    """The smoke run on the GGUF file named as a hub repo and file, as a user names it."""
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+        return smoke_runs(SMOKE, f"model.name_or_path={HUB_REPO}",
+                          "model.gguf_file=tiny-llama.Q4_1.gguf")
+
+
+def test_a_run_keeps_the_hub_repo_its_gguf_file_came_from(hub_run, gguf_run):
+    base = _summary(hub_run)["export"]["base_gguf"]
+    assert {k: base[k] for k in ("repo", "revision", "filename")} == {
+        "repo": HUB_REPO, "revision": COMMIT, "filename": "tiny-llama.Q4_1.gguf"}
+    assert base["sha256"] == _summary(gguf_run)["export"]["base_gguf"]["sha256"]
+    assert _summary(hub_run)["metrics"] == _summary(gguf_run)["metrics"]  # the same model
+
+
+def test_peft_export_of_a_hub_gguf_run_names_the_repo_and_its_card_rebuilds_the_base(
+        hub_run, offline_hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("ADALORA_CACHE", str(tmp_path / "cache"))
+    info = export_run(hub_run, "peft", tmp_path / "peft")
+    config = json.loads((tmp_path / "peft/adapter_config.json").read_text())
+    assert (config["base_model_name_or_path"], config["revision"]) == (HUB_REPO, COMMIT)
+    assert str(offline_hub) not in (tmp_path / "peft/adapter_config.json").read_text()
+    assert "base_folder" not in info and not (tmp_path / "cache").exists()  # nothing written
+    assert json.loads((tmp_path / "peft" / RECORD).read_text())["repo"] == HUB_REPO
+    text = (tmp_path / "peft/README.md").read_text()
+    assert f"base_model: {HUB_REPO}\n" in text.split("---")[1]
+    assert f"from the hub repo `{HUB_REPO}` at commit `{COMMIT}`" in text
+    assert "dequantized to float32" in text
+    # the card's code, as written, rebuilds the base from the hub and gives the run's logits
+    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - our own card
+    model, _, _ = load_run(hub_run)
+    assert torch.allclose(_logits(scope["model"]), _logits(model), atol=1e-5)
+    assert scope["tok"]("Answer:")["input_ids"]  # and the tokenizer, from the same file

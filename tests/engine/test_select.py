@@ -116,6 +116,9 @@ def test_eval_and_exports_take_the_chosen_weights(smoke_runs, tmp_path):
         ours = load_run(run)[0].eval()(ids).logits
         theirs = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "peft").eval()(ids).logits
     assert torch.allclose(theirs, ours, atol=1e-5)
+    card = (tmp_path / "peft/README.md").read_text()
+    assert "These are the scores of step 9, chosen by validation/loss" in card
+    assert "Early stopping ended training at step 12." in card
 
 
 @pytest.mark.parametrize("patience", [1, 2])
