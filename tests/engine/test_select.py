@@ -160,6 +160,28 @@ def test_a_run_killed_and_resumed_chooses_the_same_step(in_repo, best_run, tmp_p
 
 
 @pytest.mark.e2e
+def test_a_resume_never_writes_through_a_linked_best_folder(in_repo, tmp_path):
+    """A resume deletes the bests the killed attempt found after its checkpoint: through a
+    link to another folder that would delete files outside the run, so it is refused."""
+    out = tmp_path / "run"
+    args = ["train", SMOKE, *PEAKS, "train.select=best", "train.save_every=4",
+            "--run-dir", str(out), "--quiet"]
+    assert forked(args, "kill@step=19") == -9
+    outside = tmp_path / "elsewhere"
+    (out / "best").rename(outside)
+    (out / "best").symlink_to(outside)
+    before = sorted(p.name for p in outside.iterdir())
+    result = CliRunner().invoke(app, ["train", "--resume", str(out), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        f"error: run {out} cannot be resumed: its best is a symbolic link to {outside}, and "
+        "resuming would write through it; replace the link with a copy of what it points to, "
+        "then resume")
+    assert sorted(p.name for p in outside.iterdir()) == before == [
+        "records.json", "step-0000014", "step-0000018"]
+
+
+@pytest.mark.e2e
 def test_a_run_killed_after_early_stopping_ends_as_it_would_have(in_repo, smoke_runs,
                                                                  tmp_path):
     """Killed while the chosen step is scored again (after the stop's checkpoint): the
