@@ -58,6 +58,21 @@ def resolve(spec: str) -> str:
     return str(path)
 
 
+def distribution(module: str) -> dict[str, str]:
+    """``{"package", "package_version"}`` of the installed distribution that holds
+    ``module`` (empty when none does): what to ``pip install`` for a ``package:`` path on
+    another machine."""
+    from importlib import metadata
+
+    names = metadata.packages_distributions().get(module) or []
+    if not names:
+        return {}
+    try:
+        return {"package": names[0], "package_version": metadata.version(names[0])}
+    except metadata.PackageNotFoundError:
+        return {"package": names[0]}
+
+
 # ---------------------------------------------------------------- shipped configs
 
 SHIPPED = ("configs", "experiments")

@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from ..config import RunConfig
+from .. import resources
+from ..config import ConfigError, RunConfig
 from ..rundir.summary import Summary
 from ..tasks import get_task
 from ..tasks.columns import metrics_line
@@ -164,8 +165,14 @@ def _base_text(s: Summary, base: dict[str, Any] | None, base_name: str | None,
         name = s.export.base_model
         text = f"`{name}`" + (f" at revision `{s.export.revision}`" if s.export.revision
                               else "") + f" ({s.export.model_class or 'model class unknown'})."
+        packaged = _packaged(name)
+        if packaged is not None:
+            text += (f" It ships in the Python package `{packaged['package']}` "
+                     f"(`{_pip(packaged)}`), as `{packaged['path']}`.")
         if fmt == "peft" and base_name and base_name != name:
-            text += f" `adapter_config.json` names it as `{base_name}`."
+            text += f" `adapter_config.json` names it as `{base_name}`"
+            text += (": its folder on the machine that exported, which the code below finds "
+                     "wherever the package is installed." if packaged is not None else ".")
         return text + "\n"
     name = base.get("filename") or Path(base["file"]).name
     text = (f"A GGUF file, `{name}` (sha256 `{base['sha256']}`, {base['bytes']:,} bytes), "
@@ -226,6 +233,10 @@ def _loading(fmt: str, cfg: RunConfig, s: Summary, base: dict[str, Any] | None,
                      "**gguf)")
         tok = 'tok = AutoTokenizer.from_pretrained(source, gguf_file=gguf["gguf_file"]' + (
             ', revision=gguf["revision"])' if base.get("repo") else ")")
+    elif (packaged := _packaged(s.export.base_model)) is not None:
+        lines += _package_source(packaged)
+        lines.append(f"base = {auto}.from_pretrained(source, dtype={_q(dtype)}{config_arg})")
+        tok = "tok = AutoTokenizer.from_pretrained(source)"
     else:
         revision = f", revision={_q(s.export.revision)}" if s.export.revision else ""
         lines.append(f"base = {auto}.from_pretrained({_q(base_name)}{revision}, "
@@ -233,8 +244,10 @@ def _loading(fmt: str, cfg: RunConfig, s: Summary, base: dict[str, Any] | None,
         tok = f"tok = AutoTokenizer.from_pretrained({_q(base_name)}{revision})"
     lines.append("model = PeftModel.from_pretrained(base, folder).eval()  # the run's weights")
     lines.append(tok)
-    code = ("from peft import PeftModel\n"
-            f"from transformers import {', '.join(imports)}\n\n" + "\n".join(lines) + "\n")
+    first = [line for line in lines if line.startswith("import ")]  # imports go on top
+    code = ("".join(f"{line}\n" for line in first) + "from peft import PeftModel\n"
+            f"from transformers import {', '.join(imports)}\n\n"
+            + "\n".join(line for line in lines if line not in first) + "\n")
     text = f"```python\n{code}```\n"
     if info.get("peft_type") == "ADALORA":
         text += ("\nPEFT warns `The following rank_pattern keys did not match any targeted "
@@ -253,17 +266,38 @@ def gguf_source(base: dict[str, Any]) -> tuple[list[str], str]:
         return ([f"source = {_q(base['repo'])}  # hub repo of the GGUF file"],
                 f"gguf_file={_q(base['filename'])}, revision={_q(base.get('revision'))}")
     if base.get("package"):
-        module, _, inner = base["package_file"].partition("/")
-        return (["import importlib.util, pathlib",
-                 f"# pip install {base['package']}"
-                 + (f"=={base['package_version']}" if base.get("package_version") else ""),
-                 f"source = pathlib.Path(importlib.util.find_spec({_q(module)})"
-                 ".submodule_search_locations[0])" + (f" / {_q(str(Path(inner).parent))}"
-                                                      if "/" in inner else "")],
-                f"gguf_file={_q(Path(inner).name)}")
+        inner = Path(base["package_file"])
+        return (_package_source({**base, "path": str(inner.parent)}),
+                f"gguf_file={_q(inner.name)}")
     file = Path(base["file"])
     return ([f"source = {_q(str(file.parent))}  # the folder holding the GGUF file "
              f"(sha256 {base['sha256'][:12]}...)"], f"gguf_file={_q(file.name)}")
+
+
+def _packaged(name: str | None) -> dict[str, str] | None:
+    """A ``package:<module>/<path>`` base: its module, path and installed distribution."""
+    if not name or not name.startswith(resources.PREFIX):
+        return None
+    path = name[len(resources.PREFIX):]
+    module = path.partition("/")[0]
+    return {"module": module, "path": path, "package": module.replace("_", "-"),
+            **resources.distribution(module)}
+
+
+def _pip(packaged: dict[str, str]) -> str:
+    version = packaged.get("package_version")
+    return f"pip install {packaged['package']}" + (f"=={version}" if version else "")
+
+
+def _package_source(packaged: dict[str, str]) -> list[str]:
+    """Lines setting ``source`` to the folder ``path`` (``module/inner``) names inside the
+    installed package, found on whatever machine runs them."""
+    module, _, inner = packaged["path"].partition("/")
+    inner = "" if inner in ("", ".") else inner
+    return ["import importlib.util, pathlib",
+            f"# {_pip(packaged)}",
+            f"source = pathlib.Path(importlib.util.find_spec({_q(module)})"
+            ".submodule_search_locations[0])" + (f" / {_q(inner)}" if inner else "")]
 
 
 def _precision(s: Summary, info: dict[str, Any], base: dict[str, Any] | None) -> str:
@@ -289,6 +323,11 @@ def _licence(s: Summary, base: dict[str, Any] | None, hub_base: str | None) -> s
         return base.get("license")
     name = s.export.base_model or ""
     card = None
+    if name.startswith(resources.PREFIX):  # a folder inside an installed package
+        try:
+            name = resources.resolve(name)
+        except ConfigError:  # not installed here: nothing to read
+            return None
     if Path(name).expanduser().is_dir():
         card = Path(name).expanduser() / "README.md"
     elif hub_base:

