@@ -191,3 +191,17 @@ def test_auto_on_the_cpu_is_bf16_only_where_native_and_says_so_once(
             assert notes == []
         else:  # the header's device line, before the model loads
             assert len(notes) == 1 and notes[0].startswith("device cpu: ") and reason in notes[0]
+
+
+@pytest.mark.parametrize("name, line", [
+    ("A100", "device cuda (NVIDIA A100), precision bf16 autocast (train.precision=auto: "
+             "native bf16)"),
+    ("V100", "device cuda (NVIDIA V100), precision fp16 autocast with loss scaling "
+             "(train.precision=auto: this GPU has no native bf16)")])
+def test_the_header_says_the_gpu_and_what_auto_chose_there(gpu, name, line):
+    from adalora_cli.engine.header import machine
+
+    gpu(name)
+    assert machine(run_config("lora"), CUDA) == line
+    assert machine(run_config("lora", train={"precision": "fp32"}), CUDA) == (
+        f"device cuda (NVIDIA {name}), precision fp32")
