@@ -69,7 +69,7 @@ def predict(run_dir: str | Path, input_path: str | Path, output_path: str | Path
     ``device`` and ``precision`` (a ``train.precision`` value): None for the run's own."""
     from ..engine.build import resolve_resources
     from ..tasks import get_task
-    from .load import load_run
+    from .load import check_weights, load_run
     from .scoring import check_precision, choose, predict_device
 
     run_dir, input_path, output_path = Path(run_dir), Path(input_path), Path(output_path)
@@ -86,6 +86,7 @@ def predict(run_dir: str | Path, input_path: str | Path, output_path: str | Path
     task = get_task(cfg)
     where = f"--input {input_path}"
     check_filled(ds, task.predict_columns(list(ds.column_names), where), where)  # before the model
+    check_weights(run_dir, cfg)  # a run without weights: its one line, before any other
     scoring = choose(cfg, summary, predict_device(cfg, device), precision,
                      lambda value: f"--precision {value}")
     dev = scoring.device
