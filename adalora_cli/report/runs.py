@@ -201,6 +201,8 @@ def load_run(path: Path, eval_name: str | None = None) -> Run | str:
         return "finished but summary.json is missing"
     except json.JSONDecodeError:
         return "summary.json is not valid JSON"
+    except UnicodeDecodeError:  # not text at all (a binary file put in its place)
+        return "summary.json is not text (not written by a run)"
     except ValueError as err:
         return str(err)
     if eval_name is not None:  # scores from `adalora eval`
