@@ -124,10 +124,12 @@ class Selection:
                 setattr(self, key, value)
 
     def summary(self, last_step: int) -> dict[str, Any]:
-        """``summary.json``'s ``selected``."""
-        return {"step": self.step, "split": self.split, "metric": self.metric,
+        """``summary.json``'s ``selected``; no step at all scored a number (every value
+        NaN): the last one, as ``train.select=last`` would end."""
+        step = self.step if self.step is not None else last_step
+        return {"step": step, "split": self.split, "metric": self.metric,
                 "value": self.value, "lower_is_better": self.lower_is_better,
-                "from": "last" if self.step == last_step else "best",
+                "from": "last" if step == last_step else "best",
                 "stopped_early_at": self.stopped_at}
 
 

@@ -24,7 +24,7 @@ from adalora_cli.cli import app
 from adalora_cli.rundir.run import RunDir, read_metrics
 from tests.conftest import ROOT, copy_of
 
-from .conftest import forked
+from .conftest import forked, forked_ranks
 
 SMOKE = "configs/smoke/causal_lm.yaml"
 PEAKS = ("train.eval_every=2", "task.max_new_tokens=0", "train.learning_rate=0.3")
@@ -197,6 +197,23 @@ def test_a_run_killed_after_early_stopping_ends_as_it_would_have(in_repo, smoke_
     assert read_metrics(out) == read_metrics(whole)
     assert ((out / "adapter_model.safetensors").read_bytes()
             == (whole / "adapter_model.safetensors").read_bytes())
+
+
+@pytest.mark.e2e
+def test_two_processes_agree_on_the_best_and_on_stopping(in_repo, tmp_path):
+    """Rank 0 judges each evaluation and every rank learns the outcome: both stop at the
+    same step (a rank that trained on would wait forever for the other), and the run ends
+    with the step its own rows say was best."""
+    out = tmp_path / "run"
+    args = ["train", SMOKE, *PEAKS, "train.select=best", "train.early_stop_patience=2",
+            "--run-dir", str(out), "--quiet"]
+    assert forked_ranks(args, 2) == [0, 0]
+    chosen, stop = best_of(eval_rows(out), patience=2)
+    selected = summary(out)["selected"]
+    assert (selected["step"], selected["stopped_early_at"]) == (chosen, stop)
+    row = next(r for r in eval_rows(out) if r["step"] == chosen)
+    assert summary(out)["metrics"]["validation"]["loss"] == row["loss"]
+    assert max(r["step"] for r in read_metrics(out)) == stop
 
 
 def train(tmp_path: Path, config: str, *overrides: str):
