@@ -271,6 +271,11 @@ class SquadTask(Task):
         golds = {ex.id: list(ex.answers) for ex in data.examples}
         return squad_scoring.score(predictions, golds, version_2=self.spec.version_2)
 
+    def metric_names(self) -> tuple[str, ...]:
+        """squad_scoring.score's names: v2 adds each group's exact, f1 and count."""
+        groups = (f"{g}_{m}" for g in ("HasAns", "NoAns") for m in ("exact", "f1", "total"))
+        return ("exact_match", "f1", *(groups if self.spec.version_2 else ()))
+
     # ---------------------------------------------------------------- predict
 
     def predict_columns(self, columns: Sequence[str], where: str) -> list[str]:

@@ -271,6 +271,11 @@ class SummarizationTask(Task):
 
         return rouge(predictions, references)
 
+    def metric_names(self) -> tuple[str, ...]:
+        from .rouge import ROUGE_TYPES
+
+        return ROUGE_TYPES
+
     def save_predictions(self, run_dir: Path) -> list[Path]:
         """``predictions.jsonl``: one JSON object per evaluated example."""
         return rawdata.write_jsonl(Path(run_dir) / PREDICTIONS_JSONL, self.predictions)

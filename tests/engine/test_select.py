@@ -239,6 +239,25 @@ def test_a_metric_the_task_does_not_report_is_refused_before_the_run(tmp_path, o
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("config", "metric", "reported"), [
+    ("configs/smoke/squad.yaml", "bleu", "exact_match, f1, HasAns_exact, HasAns_f1, "
+     "HasAns_total, NoAns_exact, NoAns_f1, NoAns_total"),
+    ("configs/smoke/summarization.yaml", "f1", "rouge1, rouge2, rougeL, rougeLsum"),
+])
+def test_squad_and_summarization_metrics_are_checked_before_the_run(tmp_path, config, metric,
+                                                                     reported):
+    """Their metrics are known before any evaluation (squad_scoring's and ROUGE's names), so
+    a name they do not report is refused before anything is trained or written."""
+    result = train(tmp_path, config, "train.select=best", f"train.select_metric={metric}",
+                   "train.eval_every=4")
+    assert result.exit_code == 2, result.output
+    task = "squad_v2" if "squad" in config else "xsum"
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: train.select_metric {metric}: task {task} does not report {metric!r} (it "
+        f"reports {reported}); name one of them")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(("overrides", "start"), [
     (("train.early_stop_patience=2",), "train.early_stop_patience stops on the selection"),
     (("train.select_metric=accuracy",), "train.select_metric=accuracy is read only by"),
