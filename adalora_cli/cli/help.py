@@ -65,7 +65,9 @@ def reflow(text: str | None) -> str | None:
                        for p in paragraphs)
 
 
-class Command(TyperCommand):
+class _Plain:
+    """What a command and a group share: reflowed help text, plain parameter notation."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.help, self.epilog = reflow(self.help), reflow(self.epilog)
@@ -77,13 +79,10 @@ class Command(TyperCommand):
         return usage(self.get_params(ctx), self.options_metavar)
 
 
-class Group(TyperGroup):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.help, self.epilog = reflow(self.help), reflow(self.epilog)
+class Command(_Plain, TyperCommand):
+    pass
 
-    def get_params(self, ctx: typer.Context) -> list[Any]:
-        return plain(super().get_params(ctx))
 
+class Group(_Plain, TyperGroup):
     def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
-        return [*usage(self.get_params(ctx), self.options_metavar), self.subcommand_metavar]
+        return [*super().collect_usage_pieces(ctx), self.subcommand_metavar]

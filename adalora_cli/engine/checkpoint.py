@@ -363,7 +363,8 @@ def _set_cuda_rng_states(states: list[torch.Tensor]) -> None:
         torch.cuda.set_rng_state(saved, index)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a folder's entries (or a file's data) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -416,11 +417,11 @@ def publish(run_path: Path, step: int, tmp: Path, write, keep: int) -> Path:
                 follow_umask(path)  # safetensors writes 0600: collaborators could not read
                 _fsync_file(path)
         for folder in [p for p in tmp.rglob("*") if p.is_dir()]:
-            _fsync_dir(folder)
+            fsync_path(folder)
         if final.exists():  # the same step saved again (e.g. at the end): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

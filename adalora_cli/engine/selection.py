@@ -42,6 +42,7 @@ from ..rundir.no_code import load_tensors
 from ..rundir.run import follow_umask, write_json_atomic
 from ..rundir.summary import TaskReport
 from ..tasks.columns import LOWER_IS_BETTER, with_directions
+from .checkpoint import fsync_path
 
 if TYPE_CHECKING:
     from ..tasks.base import Task
@@ -173,14 +174,6 @@ def _steps(run_path: Path) -> list[int]:
                   if p.name.startswith("step-") and p.name[5:].isdigit())
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def publish(run_path: Path, step: int, tensors: dict[str, torch.Tensor],
             controller: dict[str, Any] | None) -> Path:
     """Write step ``step``'s weights (and rank controller state) into ``best/step-N``: into
@@ -198,10 +191,10 @@ def publish(run_path: Path, step: int, tensors: dict[str, torch.Tensor],
                 torch.save(controller, tmp / BEST_CONTROLLER)
         follow_umask(tmp)
         for file in tmp.iterdir():
-            _fsync(file)
+            fsync_path(file)
         shutil.rmtree(final, ignore_errors=True)  # the same step again (a resumed run)
         os.rename(tmp, final)
-        _fsync(final.parent)
+        fsync_path(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
