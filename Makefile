@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml Makefile constraints.txt
 	$(PY) -m pip install -q --no-deps $(OFFLINE)
 	touch $@
 
-test: install          ## the default suite: CPU, offline, about 15 minutes on 2 cores (e2e included)
+test: install          ## the default suite: CPU, offline, about 17 minutes on 2 cores (e2e included)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not mirror and not cuda"
 
 test-fast: install     ## the inner loop: in-process tests only (no e2e, no slow)
