@@ -112,6 +112,18 @@ def smoke_runs(tmp_path_factory):
     assert not changed, f"tests wrote into shared smoke runs (use copy_of): {changed}"
 
 
+def decoy_package(where: Path) -> Path:
+    """An ``adalora_cli`` package in ``where`` that, imported, leaves a marker file and
+    exits: a child process started there must not run it. Returns the marker's path."""
+    marker = where / "decoy-imported"
+    decoy = where / "adalora_cli"
+    decoy.mkdir()
+    for name in ("__init__.py", "__main__.py"):
+        (decoy / name).write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                  "raise SystemExit('the decoy adalora_cli ran')\n")
+    return marker
+
+
 def copy_of(run: Path, dest: Path) -> Path:
     """A private, writable copy of a shared run, for a test that changes it."""
     shutil.copytree(run, dest)

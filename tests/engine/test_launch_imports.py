@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from adalora_cli.rundir.run import RunDir
+from tests.conftest import decoy_package
 
 from .conftest import ROOT, SMOKE
 
@@ -20,12 +21,7 @@ pytestmark = pytest.mark.e2e  # the installed CLI and its ranks, in fresh proces
 def test_ranks_ignore_an_adalora_cli_in_the_current_directory(tmp_path):
     """The installed CLI (its own start never looks in the current directory), started
     where a decoy package would announce itself and stop any process that imports it."""
-    marker = tmp_path / "decoy-imported"
-    decoy = tmp_path / "adalora_cli"
-    decoy.mkdir()
-    for name in ("__init__.py", "__main__.py"):
-        (decoy / name).write_text(f"open({str(marker)!r}, 'w').close()\n"
-                                  "raise SystemExit('the decoy adalora_cli ran')\n")
+    marker = decoy_package(tmp_path)
     out = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop("ADALORA_FAULT", None)

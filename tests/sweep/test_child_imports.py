@@ -16,17 +16,7 @@ from adalora_cli.engine.launch import RANK_MAIN
 from adalora_cli.rundir.run import RunDir
 from adalora_cli.sweep.plan import PlannedRun
 from adalora_cli.sweep.slurm_job import train_command
-from tests.conftest import ROOT
-
-
-def _decoy(where: Path) -> Path:
-    marker = where / "decoy-imported"
-    decoy = where / "adalora_cli"
-    decoy.mkdir()
-    for name in ("__init__.py", "__main__.py"):
-        (decoy / name).write_text(f"open({str(marker)!r}, 'w').close()\n"
-                                  "raise SystemExit('the decoy adalora_cli ran')\n")
-    return marker
+from tests.conftest import ROOT, decoy_package
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
@@ -45,7 +35,7 @@ def test_a_slurm_tasks_command_names_this_adalora_cli(tmp_path, nproc):
 
 @pytest.mark.e2e
 def test_a_local_sweep_ignores_an_adalora_cli_in_the_current_directory(tmp_path):
-    marker = _decoy(tmp_path)
+    marker = decoy_package(tmp_path)
     manifest = tmp_path / "m.yaml"
     manifest.write_text(
         "name: decoy\nseeds: [0]\nruns:\n"
