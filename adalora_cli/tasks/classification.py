@@ -261,13 +261,7 @@ class ClassificationTask(TextClassificationTask):
         """Encoded, labelled rows of one split, and how many rows without a label were left
         out (a regressor's labels may be negative, so no -1 marks them)."""
         targets = self._targets(self._cells(split), split, self.spec)
-        keep = [i for i, y in enumerate(targets) if y is not None]
-        dropped = len(targets) - len(keep)
-        if limit is not None:
-            keep = keep[:limit]
-        ds = ds.select(keep) if len(keep) < len(targets) else ds
-        encoded = self.encode(ds, tokenizer)
-        return encoded.add_column("labels", [targets[i] for i in keep]), dropped
+        return self.labelled(ds, targets, [y is not None for y in targets], limit, tokenizer)
 
     def load_data(self, tokenizer: Any):
         data = super().load_data(tokenizer)

@@ -168,13 +168,19 @@ class TextClassificationTask(Task):
         where = self._where(split)
         rawdata.require_columns(ds, [*self.spec.text_columns, "label"], where)
         labels = self.label_ids(list(ds["label"]), where)
-        keep = [i for i, y in enumerate(labels) if y >= 0]
-        dropped = len(labels) - len(keep)
+        return self.labelled(ds, labels, [y >= 0 for y in labels], limit, tokenizer)
+
+    def labelled(self, ds: datasets.Dataset, targets: list[Any], kept: list[bool],
+                 limit: int | None, tokenizer: Any) -> tuple[datasets.Dataset, int]:
+        """The rows ``kept`` says (the first ``limit`` of them) encoded with their
+        ``targets`` as labels, and how many rows were left out as unlabelled."""
+        keep = [i for i, k in enumerate(kept) if k]
+        dropped = len(targets) - len(keep)
         if limit is not None:
             keep = keep[:limit]
-        ds = ds.select(keep) if len(keep) < len(labels) else ds
+        ds = ds.select(keep) if len(keep) < len(targets) else ds
         encoded = self.encode(ds, tokenizer)
-        return encoded.add_column("labels", [labels[i] for i in keep]), dropped
+        return encoded.add_column("labels", [targets[i] for i in keep]), dropped
 
     def encode(self, ds: datasets.Dataset, tokenizer: Any) -> datasets.Dataset:
         """Token ids of the text column(s); pairs go in as pairs (two segments)."""
