@@ -44,7 +44,7 @@ from ..rundir.layout import CHECKPOINT_STATE as STATE
 from ..rundir.layout import CHECKPOINT_TENSORS as TENSORS
 from ..rundir.layout import CHECKPOINTS
 from ..rundir.no_code import PlantedCode, load_tensors, read_dcp_metadata
-from ..rundir.run import follow_umask, resume_command
+from ..rundir.run import follow_umask, fsync_path, resume_command
 from . import faults
 
 if TYPE_CHECKING:  # annotations only: reading a checkpoint needs no model code
@@ -361,15 +361,6 @@ def _set_cuda_rng_states(states: list[torch.Tensor]) -> None:
     ``set_rng_state_all`` indexes a device per saved state and fails there.)"""
     for index, saved in enumerate(states[:torch.cuda.device_count()]):
         torch.cuda.set_rng_state(saved, index)
-
-
-def fsync_path(path: Path) -> None:
-    """Flush a folder's entries (or a file's data) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fsync_file(path: Path) -> None:

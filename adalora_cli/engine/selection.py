@@ -39,10 +39,9 @@ from ..config import ConfigError, RunConfig
 from ..errors import first_line, writing
 from ..rundir.layout import BEST, BEST_CONTROLLER, BEST_RECORDS, BEST_TENSORS
 from ..rundir.no_code import load_tensors
-from ..rundir.run import follow_umask, write_json_atomic
+from ..rundir.run import follow_umask, fsync_path, write_json_atomic
 from ..rundir.summary import TaskReport
 from ..tasks.columns import LOWER_IS_BETTER, with_directions
-from .checkpoint import fsync_path
 
 if TYPE_CHECKING:
     from ..tasks.base import Task

@@ -58,6 +58,15 @@ def follow_umask(path: Path) -> None:
         os.chmod(path, 0o666 & ~mask)
 
 
+def fsync_path(path: Path) -> None:
+    """Flush a folder's entries (or a file's data) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """``path`` replaced by ``text`` whole or not at all; a failure names ``path``."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
