@@ -79,7 +79,7 @@ bench: install         ## step-time ratios, then time to result vs HF Trainer + 
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/time_to_result.py $(BENCH_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check adalora_cli tests benchmarks
+	$(VENV)/bin/ruff check adalora_cli tests benchmarks scripts
 
 clean:
 	rm -rf $(VENV) .venv-latest .pytest_cache build *.egg-info
