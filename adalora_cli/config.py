@@ -637,11 +637,24 @@ class SweepMeta:
     None for methods without a size (BitFit, full) and for runs outside a sweep."""
 
 
+TRACKER_SINKS: dict[str, str] = {
+    "tensorboard": "tensorboard_sink",
+    "wandb": "wandb_sink",
+    "mlflow": "mlflow_sink",
+}
+"""The trackers ``log.to`` accepts, each with the module of ``adalora_cli/tracking`` that
+writes to it; the pip extra of the same name installs what it needs. The one list of tracker
+names: config validation and the fan-out read it, and tests/tracking/test_tracker_names.py
+fails on a sink module without an entry, an entry without its module or extra, or a sink
+that calls itself by another name."""
+TRACKER_NAMES = tuple(TRACKER_SINKS)
+
+
 @dataclass(frozen=True)
 class LogConfig:
     """Where a run is watched live besides its run directory (which is always written)."""
 
-    to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=list)
+    to: list[Literal[TRACKER_NAMES]] = field(default_factory=list)
     """Trackers to log to, any of tensorboard, wandb, mlflow; each needs its extra
     (make install installs them). Empty: the run directory only."""
     project: str | None = None

@@ -31,18 +31,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, RunConfig, flatten
+from ..config import TRACKER_SINKS, ConfigError, RunConfig, flatten
 from ..errors import describe
 from ..rundir.layout import RANK_PATTERN, TRACKERS
 from .base import Sink, run_info
 from .bounded import Pending, Worker, wait
 
-# tracker name -> module of this package that implements it (its PACKAGES say what it needs)
-BACKENDS = {"tensorboard": "tensorboard_sink", "wandb": "wandb_sink", "mlflow": "mlflow_sink"}
-
 
 def _backend(name: str):
-    return importlib.import_module(f"{__package__}.{BACKENDS[name]}")
+    """The module that writes to tracker ``name`` (its PACKAGES say what it needs)."""
+    return importlib.import_module(f"{__package__}.{TRACKER_SINKS[name]}")
 
 
 def check_trackers(cfg: RunConfig) -> None:
