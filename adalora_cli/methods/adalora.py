@@ -21,6 +21,7 @@ from torch import nn
 
 from .base import LinearWrapper, linear_dims, optional_dropout
 from .placement import WHOLE, Placement
+from .scaled_rank import scaled_rank
 
 RegForm = Literal["code", "paper"]
 
@@ -44,7 +45,9 @@ class SVDLinear(LinearWrapper):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Eq. 3, applied right to left so no (d_out, d_in) matrix is ever formed.
-        z = (self.dropout(x) @ self.Q.T) * self.lam  # (..., r0)
+        # diag(lam) in one autograd function under autocast (scaled_rank.py: fewer kernels,
+        # the same arithmetic)
+        z = scaled_rank(self.dropout(x) @ self.Q.T, self.lam)  # (..., r0)
         return self.base(x) + (z @ self.P.T) * self.scaling
 
     def delta_weight(self) -> torch.Tensor:
