@@ -3,9 +3,14 @@
 Jobs recorded in ``slurm_jobs.json`` are looked up, in this order:
 
 - ``sacct`` (through submitit): every job, queued, running or long over; but clusters
-  with accounting off have no ``sacct``, or one that answers nothing;
-- ``squeue``: only jobs still queued or running, which is what a re-submission must know:
-  a job squeue does not list has ended, so its run may be submitted again;
+  with accounting off have no ``sacct``, or one that refuses ("Slurm accounting storage
+  is disabled"). sacct is asked once first, quietly: where it refuses, submitit is not
+  asked at all (it would print sacct's error and its own "Bypassing sacct error" warning
+  at every call), and the source line says why squeue answered instead;
+- ``squeue``: jobs queued or running, which is what a re-submission must know (a job
+  squeue does not list has ended, so its run may be submitted again), and, with
+  ``--states=all``, those that ended within the controller's ``MinJobAge`` (300 s by
+  default): a cancelled job is still seen as cancelled for that long;
 - neither: nobody can say whether the job still waits in the queue. Such a run is
   ``UNKNOWN``, and a launcher leaves it alone unless asked (``--resubmit``): submitting it
   again could put a second job array in the queue for the same runs.
@@ -44,7 +49,7 @@ def ask(sweep_dir: Path, records: dict[str, dict]) -> SchedulerView:
     sources = ["local processes"] if states else []
     if not slurm:
         return SchedulerView(states, ", ".join(sources) or "none needed")
-    sacct = _sacct(sweep_dir, slurm)
+    sacct, refused = _sacct(sweep_dir, slurm)
     if sacct is not None:
         sources.append("sacct")
         states.update({run: s for run, s in sacct.items() if s})
@@ -52,7 +57,7 @@ def ask(sweep_dir: Path, records: dict[str, dict]) -> SchedulerView:
     if unanswered:
         queue = _squeue()
         if queue is not None:
-            sources.append("squeue")
+            sources.append(f"squeue ({refused})" if refused else "squeue")
             states.update({run: queue.get(str(r["job_id"]), "") for run, r in unanswered.items()})
         else:
             sources.append("none for SLURM jobs (no sacct or squeue answered)")
@@ -60,10 +65,14 @@ def ask(sweep_dir: Path, records: dict[str, dict]) -> SchedulerView:
     return SchedulerView(states, ", ".join(sources))
 
 
-def _sacct(sweep_dir: Path, slurm: dict[str, dict]) -> dict[str, str] | None:
-    """{run: state} from sacct ('' where it knows nothing); None without sacct."""
+def _sacct(sweep_dir: Path, slurm: dict[str, dict]) -> tuple[dict[str, str] | None, str]:
+    """({run: state} from sacct ('' where it knows nothing), ''); (None, why) without a
+    sacct that answers."""
     if shutil.which("sacct") is None:
-        return None
+        return None, ""
+    refused = _sacct_refusal(str(next(iter(slurm.values()))["job_id"]))
+    if refused:
+        return None, refused
     import submitit
 
     folder = sweep_dir / SUBMITIT_DIR
@@ -77,16 +86,32 @@ def _sacct(sweep_dir: Path, slurm: dict[str, dict]) -> dict[str, str] | None:
             state = ""
         # submitit says UNKNOWN when sacct failed or has no record (accounting off)
         states[run] = "" if state == "UNKNOWN" else state
-    return states
+    return states, ""
+
+
+def _sacct_refusal(job_id: str) -> str:
+    """'' when sacct answers for ``job_id``; else why not, in a few words."""
+    try:
+        done = subprocess.run(["sacct", "-n", "-X", "-o", "JobID", "-j", job_id.split("_")[0]],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"sacct failed: {err}"
+    if done.returncode == 0:
+        return ""
+    said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+    reason = said[-1] if said else f"exit {done.returncode}"
+    return "sacct refused: " + reason.removeprefix("sacct: ").removeprefix("error: ")
 
 
 def _squeue() -> dict[str, str] | None:
-    """{job id: state} of this user's queued and running jobs, array tasks one by one
-    (``-r``); None when squeue is missing or fails."""
+    """{job id: state} of this user's jobs the controller still holds (queued, running or
+    recently ended), array tasks one by one (``-r``); None when squeue is missing or
+    fails."""
     if shutil.which("squeue") is None:
         return None
     try:
-        done = subprocess.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i %T"],
+        done = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-u", getpass.getuser(),
+                               "-o", "%i %T"],
                               capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None

@@ -12,9 +12,9 @@ from .runs import Outcome
 from .status import RunStatus
 
 ORDER = ("submitted", "queued", "running", "finished", "preempted", "unfinished", "failed",
-         "unknown", "not started", "busy", "skipped")
+         "cancelled", "unknown", "not started", "busy", "skipped")
 COLOURS = {"finished": "green", "failed": "red", "queued": "cyan", "submitted": "cyan",
-           "running": "yellow", "preempted": "yellow", "unknown": "magenta"}
+           "running": "yellow", "preempted": "yellow", "unknown": "magenta", "cancelled": "red"}
 
 
 def count_line(states: list[str]) -> str:

@@ -28,9 +28,12 @@ from ..rundir.layout import SUBMITIT_DIR, SWEEP_LOGS
 from ..rundir.owner import identity
 from .plan import PlannedRun, SweepSpec
 from .runs import Outcome, SweepLog, write_manifest
+from .scheduler import UNKNOWN, ask
 from .slurm_job import TrainJob
 from .slurm_options import SlurmOptions, executor_parameters, sbatch_refusal
 from .status import (
+    ACTIVE,
+    QUEUED,
     RESUBMIT,
     UNKNOWN_STATE,
     RunStatus,
@@ -91,7 +94,7 @@ class SlurmLauncher:
         todo = [r for r in runs if before[r.name].state in again]
         jobs = self._submit(spec, todo, sweep_dir) if todo else {}
         if self.wait and jobs:
-            self._wait(jobs)
+            self._wait(jobs, sweep_dir)
         after = {s.run: s for s in sweep_states(runs, sweep_dir)} if self.wait else {}
         outcomes = []
         for run in runs:
@@ -143,6 +146,16 @@ class SlurmLauncher:
             log.event(name, "submitted", job=str(job.job_id), cluster=self.cluster)
         write_records(sweep_dir, records)
 
-    def _wait(self, jobs: dict) -> None:
-        while not all(job.done() for job in jobs.values()):
+    def _wait(self, jobs: dict, sweep_dir: Path) -> None:
+        """Until every job has left the queue. Not submitit's ``job.done()``: that waits for
+        a result file, which a cancelled or killed job never writes, and asks sacct, which
+        a cluster without accounting refuses at every poll."""
+        records = {run: row for run, row in read_records(sweep_dir).items() if run in jobs}
+        while True:
+            states = ask(sweep_dir, records).states
+            waiting = [run for run, job in jobs.items()
+                       if states.get(run) in QUEUED | ACTIVE
+                       or (states.get(run) == UNKNOWN and not job.paths.result_pickle.exists())]
+            if not waiting:
+                return
             time.sleep(self.poll_seconds)

@@ -11,7 +11,8 @@ same states to submit only what is missing. Three sources, in this order of trus
   (:mod:`adalora_cli.sweep.scheduler`; each row says which answered). A run
   whose job waits in the queue (or was requeued) is ``queued``; one whose job runs but has
   not claimed its directory yet is ``running``; a job the scheduler ended without a run
-  (cancelled, out of memory, node failure) is ``failed`` with the scheduler's word for it.
+  (out of memory, node failure) is ``failed`` with the scheduler's word for it, and a job
+  cancelled (scancel) is ``cancelled``, started again by a re-run as a failed run is.
   With neither tool, a run whose recorded job may still wait is ``unknown``.
 """
 
@@ -38,7 +39,7 @@ QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "
 ACTIVE = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
 ENDED_BADLY = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
                "BOOT_FAIL", "DEADLINE"}
-RESUBMIT = ("not started", "preempted", "failed", "unfinished")
+RESUBMIT = ("not started", "preempted", "failed", "unfinished", "cancelled")
 """States a launcher (re)starts; finished, running and queued runs are left alone."""
 UNKNOWN_STATE = "unknown"
 """A run with a submitted job that nothing here can look up (no sacct, no squeue): it may
@@ -166,6 +167,10 @@ def _combine(name: str, directory: tuple[str, str], event: dict | None, sched: s
         return RunStatus(name, "running", "job started", job)
     if sched == UNKNOWN and not _job_ended(event, job):  # nothing can say if it still waits
         return RunStatus(name, UNKNOWN_STATE, detail, job)
+    if sched == "CANCELLED":  # scancel: said as such, not as the run's own failure
+        why = f"; {detail}" if detail else ""
+        return RunStatus(name, "cancelled", f"job cancelled{why}" if state != "not started"
+                         else "job cancelled before the run started", job)
     if state == "not started" and sched in ENDED_BADLY:  # the scheduler ended it, no run
         return RunStatus(name, "failed", f"job {sched.lower()} before the run started", job)
     return RunStatus(name, state, detail, job)

@@ -139,7 +139,12 @@ def test_bad_launcher_input_one_line(args, fragment, in_repo, tmp_path, monkeypa
     (("not started", ""), None, "RUNNING", ("running", "job started")),
     (("running", "step 7"), None, "RUNNING", ("running", "step 7")),
     (("finished", ""), None, "PENDING", ("finished", "")),  # the run directory wins
-    (("not started", ""), None, "CANCELLED", ("failed", "job cancelled before the run started")),
+    (("not started", ""), None, "CANCELLED",
+     ("cancelled", "job cancelled before the run started")),
+    (("preempted", "checkpoint at step 40"), None, "CANCELLED",
+     ("cancelled", "job cancelled; checkpoint at step 40")),
+    (("not started", ""), None, "OUT_OF_MEMORY",
+     ("failed", "job out_of_memory before the run started")),
     (("not started", ""), None, "COMPLETED", ("not started", "")),  # e.g. it found it busy
     (("not started", ""), {"event": "failed", "error": "exit 2: error: x"}, "RUNNING",
      ("failed", "exit 2: error: x")),
