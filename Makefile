@@ -19,7 +19,7 @@ NOT_PINNED  := torch|$(subst $(space),|,$(foreach p,$(OFFLINE),$(firstword $(sub
 BENCH_ARGS  ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-fast test-slow test-cuda test-mirror constraints smoke demo \
+.PHONY: install test test-fast test-slow test-cuda test-mirror test-slurm constraints smoke demo \
 	demo-summarization demo-llm bench lint clean
 
 install: $(VENV)/.installed
@@ -33,10 +33,10 @@ $(VENV)/.installed: pyproject.toml Makefile constraints.txt
 	touch $@
 
 test: install          ## the default suite: CPU, offline, about 17 minutes on 2 cores (e2e included)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not mirror and not cuda"
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not mirror and not cuda and not slurm"
 
 test-fast: install     ## the inner loop: in-process tests only (no e2e, no slow)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not e2e and not mirror and not cuda"
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not e2e and not mirror and not cuda and not slurm"
 
 test-slow: install     ## opt-in heavier checks (real demo model)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "slow and not cuda"
@@ -51,6 +51,13 @@ test-cuda: install     ## on a GPU machine: layers, allocator, fp16, resume, swe
 # (tests/fixtures/hub): the runs go online to it, never to huggingface.co.
 test-mirror: install   ## the configs by their hub ids against the local hub, ~10 min
 	$(PY) -m pytest -q -m mirror tests/mirror
+
+# A one-node SLURM cluster on this machine (slurm-wlm and munge from apt-get, installed when
+# missing; slurm.conf, keys, state and logs in a temporary folder), the tests/slurm tests
+# against it, and every daemon stopped by its pid file whatever happens. Needs root; says
+# in one line why it skips where it cannot run. By hand: tests/slurm/cluster.sh start DIR.
+test-slurm: install    ## sweeps on a real slurmctld: arrays, requeue, time limits, scancel
+	PYTHON=$(PY) tests/slurm/cluster.sh test
 
 constraints:           ## resolve the newest releases afresh (in .venv-latest) and rewrite constraints.txt
 	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest
