@@ -77,6 +77,11 @@ class TaskConfig:
     """Use only the first N training examples (quick experiments)."""
     max_eval_samples: int | None = None
     """Use only the first N examples of each evaluation split."""
+    holdout: int | None = None
+    """Rows carved out of the training split (chosen by a hash of each row, so the same
+    rows whatever their order), removed from training and scored as the evaluation split
+    ``heldout``: what ``adalora tune`` chooses a learning rate on, so that the validation
+    score a report prints is not the one the choice was made on. None: no carve-out."""
     doc_stride: int = 128
     """SQuAD: tokens shared by consecutive windows of a context longer than max_length
     (the question is repeated in every window; only the context is truncated)."""
@@ -153,6 +158,8 @@ class TaskConfig:
     def __post_init__(self) -> None:
         _check_finite(self, "task")
         _check(self.max_length >= 8, f"task.max_length must be >= 8, got {self.max_length}")
+        _check(self.holdout is None or self.holdout >= 1,
+               f"task.holdout must be >= 1 row when set, got {self.holdout}")
         # local files have no revisions: accepted, the key would be silently ignored
         local = "task.data_files" if self.data_files else "task.data_dir" if self.data_dir else ""
         if self.revision is not None and local:
@@ -701,6 +708,32 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class TuneConfig:
+    """Set by ``adalora tune`` on each trial run (docs/tuning.md); unset for any other run.
+    A trial reports its tuning metric at every periodic evaluation to its study, which may
+    stop it there (the run then ends ``pruned``)."""
+
+    study: str | None = None
+    """The study's record (``tune/<cell>.json`` in the tune's sweep directory): where its
+    journal file is, the study's name and its pruner."""
+    trial: int | None = None
+    """This run's trial number in the study."""
+    metric: str | None = None
+    """What the study scores, as ``split/metric`` (``heldout/accuracy``)."""
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("study", "trial", "metric") if getattr(self, k) is not None]
+        _check(len(given) in (0, 3), "tune.study, tune.trial and tune.metric are set together "
+               f"(by adalora tune), got only {', '.join('tune.' + k for k in given)}; unset "
+               "them to train an ordinary run")
+        _check(self.trial is None or self.trial >= 0,
+               f"tune.trial must be >= 0, got {self.trial}")
+        _check(self.metric is None or "/" in self.metric,
+               f"tune.metric {shown(self.metric)} must be split/metric, e.g. "
+               "heldout/accuracy")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -717,6 +750,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     sweep: SweepMeta = field(default_factory=SweepMeta)
     log: LogConfig = field(default_factory=LogConfig)  # trackers mirror the run directory
+    tune: TuneConfig = field(default_factory=TuneConfig)  # a trial of adalora tune
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -28,6 +28,9 @@ EXIT_BUSY = 73
 """EX_CANTCREAT: another live process owns the run directory."""
 EXIT_PREEMPTED = 75
 """EX_TEMPFAIL: the run stopped on a signal with a checkpoint and can be resumed."""
+EXIT_PRUNED = 76
+"""A trial of ``adalora tune`` stopped by its study at an evaluation (its run directory
+says ``pruned``): an end, not a failure, and nothing to resume."""
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, as a shell reports Ctrl-C."""
 EXIT_TERMINATED = 143
@@ -43,6 +46,15 @@ class Preempted(Exception):
     optimizer step it stopped at, once the run owns its directory."""
 
     def __init__(self, message: str = "", step: int | None = None):
+        super().__init__(message)
+        self.step = step
+
+
+class Pruned(Exception):
+    """A tune trial stopped by its study (a pruner's verdict on an evaluation, or a loss
+    that diverged); exit 76. ``step`` is the optimizer step it stopped at."""
+
+    def __init__(self, message: str, step: int):
         super().__init__(message)
         self.step = step
 

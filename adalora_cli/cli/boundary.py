@@ -5,6 +5,7 @@ that turns an exception into one ``error:`` line and the documented exit code.
     1    a command or run that broke; a run's directory is marked failed
     73   another live process owns the run directory
     75   a run stopped by SIGTERM/SIGUSR1 with a checkpoint: resume it
+    76   a trial of adalora tune stopped by its study (marked pruned; nothing to resume)
     130  Ctrl-C;  143  a sweep stopped by SIGTERM
 
 ``ADALORA_DEBUG=1`` re-raises the unexpected ones (1 and 2) with their traceback.
@@ -26,9 +27,11 @@ from ..errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_PREEMPTED,
+    EXIT_PRUNED,
     EXIT_TERMINATED,
     EXIT_USAGE,
     Preempted,
+    Pruned,
     RankDied,
     RunBusy,
     SweepStopped,
@@ -118,6 +121,8 @@ def explain(error: BaseException, interrupted: str, os_errors: bool) -> tuple[st
     if isinstance(error, Preempted):
         return (f"{error}" if where else f"{error} before the run started; nothing was "
                 "written"), EXIT_PREEMPTED
+    if isinstance(error, Pruned):
+        return f"{error} (run directory marked pruned: {where})", EXIT_PRUNED
     if isinstance(error, SweepStopped):
         return ("stopped by SIGTERM; running runs were checkpointed and are resumed when "
                 "the sweep is started again"), EXIT_TERMINATED

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..config import ConfigError, RunConfig, dump_config
-from ..errors import Preempted, RunBusy, first_line, warning
+from ..errors import Preempted, Pruned, RunBusy, first_line, warning
 from ..rundir.layout import CONFIG
 from ..rundir.run import (
     RunDir,
@@ -38,6 +38,7 @@ from ..tracking import Trackers, check_trackers
 from . import checkpoint as ckpt
 from . import faults, sharded_checkpoint, sharding
 from . import selection as best
+from . import trial as tune_trial
 from .build import Built, autocast_factory, build_run, dtype_name, pick_device
 from .distributed import (
     World,
@@ -179,6 +180,7 @@ class Silent:
     def record_resume(self, changes, lost=None, machine=None) -> None: ...
     def fail(self, error: str) -> None: ...
     def preempt(self, reason: str, step: int) -> None: ...
+    def prune(self, reason: str, step: int) -> None: ...
     def finish(self, summary: Summary | None) -> None: ...
 
 
@@ -219,8 +221,11 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
         trackers.log_summary(summary.to_dict() if summary else {})  # finished on close
     except BaseException as caught:
         err = rank_died(caught, w, run.path) or caught  # a rank died: said so, not a socket
+        err = tune_trial.diverged(built.cfg, err)  # a tune trial's diverged loss: pruned
         if isinstance(err, Preempted):
             run.preempt(str(err), step=err.step)
+        elif isinstance(err, Pruned):
+            run.prune(str(err), step=err.step)
         else:
             reason = "interrupted by the user" if isinstance(err, KeyboardInterrupt) else (
                 f"{type(err).__name__}: {first_line(err)}")
@@ -339,6 +344,8 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             except Preempted:
                 save(before_eval=before)  # the resumed run evaluates this step again
                 raise stopped(stop.received) from None
+            if w.main:  # a tune trial reports to its study, which may stop it here
+                tune_trial.observe(cfg, pos.step, results)
             if selection is not None and pos.step > 0:  # step 0: the untrained model
                 if choose(pos.step, results) and w.main:
                     best.publish(run.path, pos.step, trained_state(built.model, handle),

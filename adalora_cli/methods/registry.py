@@ -197,12 +197,14 @@ def config_value(cfg: RunConfig, key: str) -> Any:
 
 
 NOT_IDENTITY = ("train.seed", "sweep.", "train.save_weights", "train.log_every",
-                "train.eval_at_start", *RESUMABLE_KEYS)
+                "train.eval_at_start", "tune.", *RESUMABLE_KEYS)
 """Keys that never change a run's numbers: the seed (what seeds are averaged over), the
 sweep's labels (the budget level is already in the sizes it set; the sweep's name says where
 a run came from, not what it is) and where and how it runs (the keys ``--resume`` may
 change: device, checkpoints, eval batch size, trackers), plus whether weights are saved and
-how often a training row is logged, and whether the model is also scored before training."""
+how often a training row is logged, and whether the model is also scored before training;
+a tune's trial labels (which study, which trial: a trial that runs to the end is an ordinary
+run)."""
 
 
 def comparable_config(cfg: RunConfig) -> dict[str, Any]:

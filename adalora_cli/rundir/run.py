@@ -238,6 +238,13 @@ class RunDir:
         self.set_status("preempted", reason=reason, step=step, ended=_now())
         self._ended()
 
+    def prune(self, reason: str, step: int) -> None:
+        """A tune trial its study stopped at ``step``: ended, never finished (no summary),
+        and not resumed by a sweep or a tune."""
+        self.close(quiet=True)
+        self.set_status("pruned", reason=reason, step=step, ended=_now())
+        self._ended()
+
     def record_resume(self, changes: dict[str, list[Any]], lost: str | None = None,
                       machine: dict[str, list[Any]] | None = None) -> None:
         """Note in status.json what this attempt resumed with that the checkpoint did not:
@@ -361,6 +368,11 @@ class RunDir:
             (self.path / HEARTBEAT).unlink(missing_ok=True)
         except OSError:
             pass
+
+
+def is_pruned(path: str | Path) -> bool:
+    """A tune trial stopped by its study: over, though not finished."""
+    return (RunDir.read_status(Path(path)) or {}).get("status") == "pruned"
 
 
 def is_finished(path: str | Path) -> bool:

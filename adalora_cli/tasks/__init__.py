@@ -57,7 +57,13 @@ def get_task(cfg: RunConfig) -> Task:
     if factory is None:
         raise ConfigError(f"unknown task.name {cfg.task.name!r}; valid names: "
                           f"{', '.join(TASKS)}")
-    return factory(cfg)
+    task = factory(cfg)
+    if cfg.task.holdout and not getattr(task, "holds_out", False):
+        raise ConfigError(f"task.holdout: task {cfg.task.name} cannot hold out training rows "
+                          "(the text classifications can: GLUE, classification, "
+                          "rotten_tomatoes, bbc_topic); unset it, or tune on the validation "
+                          "split (select_on: validation)")
+    return task
 
 
 __all__ = ["TASKS", "Task", "TaskData", "get_task"]

@@ -202,7 +202,8 @@ class ClassificationTask(TextClassificationTask):
                         f"{self._where(split)} lacks column {missing[0]!r} (it has "
                         f"{', '.join(ds.column_names)}); name the columns with "
                         "task.text_column, task.text_pair_column and task.label_column")
-            self._raw = raw
+            # carved here, not only when encoding: the labels are read from these tables
+            self._raw = rawdata.carve_holdout(raw, task.holdout, self._where("train"))
         return self._raw
 
     def _where(self, split: str) -> str:

@@ -15,6 +15,7 @@ an unreachable hub) is raised as a one-line :class:`ConfigError` naming the path
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import sys
@@ -288,6 +289,38 @@ def require_columns(ds: datasets.Dataset, columns: Sequence[str], where: str) ->
         raise ConfigError(f"{where} lacks column {missing[0]!r} (it has "
                           f"{', '.join(ds.column_names)}); the task needs "
                           f"{', '.join(columns)}")
+
+
+HELDOUT = "heldout"
+"""The evaluation split ``task.holdout`` carves out of the training split."""
+
+
+def row_key(row: dict[str, Any]) -> str:
+    """sha256 of a row's cells (as sorted JSON): where the row falls, whatever its place."""
+    text = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def carve_holdout(raw: dict[str, datasets.Dataset], rows: int | None,
+                  where: str) -> dict[str, datasets.Dataset]:
+    """``task.holdout``: the ``rows`` training rows of lowest :func:`row_key` become the
+    split ``heldout`` (after the evaluation splits) and leave ``train``; both keep the
+    file's order. The same rows are held out however the file is ordered, and a row's fate
+    does not depend on the others beyond their keys. ``raw`` unchanged when ``rows`` is
+    None or the carve was made already."""
+    if not rows or HELDOUT in raw:
+        return raw
+    train = raw["train"]
+    if rows >= len(train):
+        raise ConfigError(f"task.holdout={rows} holds out at least the whole training split "
+                          f"({len(train)} rows in {where}); hold out fewer rows, e.g. "
+                          f"task.holdout={max(1, len(train) // 10)}")
+    keys = [row_key(row) for row in train]
+    order = sorted(range(len(train)), key=lambda i: (keys[i], i))
+    held, kept = sorted(order[:rows]), sorted(order[rows:])
+    out = {name: (train.select(kept) if name == "train" else ds) for name, ds in raw.items()}
+    out[HELDOUT] = train.select(held)
+    return out
 
 
 def take(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:

@@ -82,6 +82,8 @@ class TextClassificationTask(Task):
     """A sequence classification (or STS-B style regression) task built from a spec."""
 
     model_class = "AutoModelForSequenceClassification"
+    holds_out = True
+    """``task.holdout`` carves its ``heldout`` split (docs/tuning.md)."""
 
     def __init__(self, spec: TextClassificationSpec, cfg: RunConfig):
         self.spec = spec
@@ -196,8 +198,8 @@ class TextClassificationTask(Task):
     def load_data(self, tokenizer: Any) -> TaskData:
         from transformers import DataCollatorWithPadding
 
-        raw = self.load_raw()
         task = self.cfg.task
+        raw = rawdata.carve_holdout(self.load_raw(), task.holdout, self._where("train"))
         info: dict[str, Any] = {"task": self.name, "num_labels": self.num_labels}
         splits: dict[str, datasets.Dataset] = {}
         for split, ds in raw.items():
@@ -206,7 +208,9 @@ class TextClassificationTask(Task):
             info[f"{split}_examples"] = len(splits[split])
             if dropped:
                 info[f"{split}_unlabeled_dropped"] = dropped
-            info[f"{split}_source"] = self._where(split)
+            info[f"{split}_source"] = (
+                f"{task.holdout} rows of {self._where('train')} (lowest row hashes)"
+                if split == rawdata.HELDOUT else self._where(split))
         for split, ds in splits.items():
             if len(ds) == 0:
                 raise ConfigError(f"{info[f'{split}_source']} has no labeled rows; "
