@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import threads
 from ..engine.launch import cli_command
-from ..errors import EXIT_BUSY, EXIT_PREEMPTED, SweepStopped, warning
+from ..errors import EXIT_BUSY, EXIT_PREEMPTED, EXIT_PRUNED, SweepStopped, warning
 from ..rundir.layout import SWEEP_LOGS
 from ..rundir.owner import PARENT_ENV
 from ..rundir.run import RunDir, is_finished
@@ -101,6 +101,8 @@ class _Job:
             return Outcome(self.run, "finished", seconds)
         if code == EXIT_BUSY:
             return Outcome(self.run, "busy", seconds)
+        if code == EXIT_PRUNED:
+            return Outcome(self.run, "pruned", seconds)
         status = "preempted" if code == EXIT_PREEMPTED else "failed"
         return Outcome(self.run, status, seconds, f"exit {code}: {last_error(self.log)}")
 
@@ -116,6 +118,8 @@ def _settled(run: PlannedRun, sweep_dir: Path, console: Console) -> Outcome | No
         return Outcome(run, "skipped")
     if state == "running":
         return Outcome(run, "busy")
+    if state == "pruned":  # a tune trial its study stopped: over
+        return Outcome(run, "pruned")
     return None
 
 
@@ -177,7 +181,8 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
             outcomes.append(o)
             log.event(o.run.name, o.status, seconds=o.seconds, error=o.error or None)
             marks = {"finished": "[green]done[/]", "busy": "[yellow]busy[/]",
-                     "skipped": "[green]done elsewhere[/]", "preempted": "[yellow]preempted[/]"}
+                     "skipped": "[green]done elsewhere[/]", "preempted": "[yellow]preempted[/]",
+                     "pruned": "[yellow]pruned[/]"}
             progress.console.print(f"{marks.get(o.status, '[red]failed[/]')} {o.run.name} "
                                    f"({o.seconds:.0f}s)" + (f": {o.error}" if o.error else ""),
                                    highlight=False)

@@ -20,7 +20,7 @@ from ..config import load_config
 from ..errors import writing
 from ..rundir.layout import CONFIG, LAUNCH, SWEEP_LOG, SWEEP_MANIFEST
 from ..rundir.owner import identity, launch_alive, owner_alive
-from ..rundir.run import is_finished, locked
+from ..rundir.run import is_finished, is_pruned, locked
 from .plan import PlannedRun, SweepSpec
 
 
@@ -29,7 +29,7 @@ class Outcome:
     run: PlannedRun
     status: str
     """'finished', 'failed', 'preempted' (stopped with a checkpoint), 'skipped' (finished
-    earlier) or 'busy' (running elsewhere)."""
+    earlier), 'busy' (running elsewhere) or 'pruned' (a tune trial its study stopped)."""
     seconds: float = 0.0
     error: str = ""
     job: str = ""
@@ -39,10 +39,13 @@ class Outcome:
 
 
 def run_state(path: Path) -> str:
-    """'finished', 'running' (a live process owns it), 'unfinished' (resumable),
-    'empty' (a directory holding no run) or 'missing'."""
+    """'finished', 'pruned' (a tune trial its study stopped: over, never resumed), 'running'
+    (a live process owns it), 'unfinished' (resumable), 'empty' (a directory holding no run)
+    or 'missing'."""
     if is_finished(path):
         return "finished"
+    if is_pruned(path):
+        return "pruned"
     if not path.exists():
         return "missing"
     if owner_alive(path)[0] or launch_alive(path):
@@ -59,7 +62,7 @@ def claim_launch(path: Path) -> str | None:
     path.mkdir(parents=True, exist_ok=True)
     with locked(path):
         state = run_state(path)
-        if state in ("finished", "running"):
+        if state in ("finished", "running", "pruned"):
             return None
         with writing(path / LAUNCH):
             (path / LAUNCH).write_text(json.dumps(identity()) + "\n")
@@ -152,6 +155,7 @@ def describe(runs: list[PlannedRun], sweep_dir: Path) -> list[dict]:
 
     cache: dict[tuple, dict] = {}
     action = {"finished": "skip (finished)", "running": "skip (running elsewhere)",
+              "pruned": "skip (pruned)",
               "unfinished": "resume (unfinished)", "empty": "run", "missing": "run"}
     rows = []
     for run in runs:

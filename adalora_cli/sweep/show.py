@@ -11,10 +11,12 @@ from rich.table import Table
 from .runs import Outcome
 from .status import RunStatus
 
-ORDER = ("submitted", "queued", "running", "finished", "preempted", "unfinished", "failed",
+ORDER = ("submitted", "queued", "running", "finished", "pruned", "preempted", "unfinished",
+         "failed",
          "cancelled", "unknown", "not started", "busy", "skipped")
 COLOURS = {"finished": "green", "failed": "red", "queued": "cyan", "submitted": "cyan",
-           "running": "yellow", "preempted": "yellow", "unknown": "magenta", "cancelled": "red"}
+           "running": "yellow", "preempted": "yellow", "pruned": "yellow", "unknown": "magenta",
+           "cancelled": "red"}
 
 
 def count_line(states: list[str]) -> str:

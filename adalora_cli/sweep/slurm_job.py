@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 from ..engine.launch import cli_command
-from ..errors import EXIT_BUSY, EXIT_PREEMPTED
+from ..errors import EXIT_BUSY, EXIT_PREEMPTED, EXIT_PRUNED
 from ..rundir.layout import SWEEP_LOGS
 from ..rundir.owner import PARENT_ENV
-from ..rundir.run import is_finished
+from ..rundir.run import is_finished, is_pruned
 from .plan import PlannedRun
 from .runs import (
     SweepLog,
@@ -87,7 +87,8 @@ class TrainJob:
         log = SweepLog(self.sweep_dir)
         state = claim_launch(self.run_dir)
         if state is None:  # finished meanwhile, or another process runs it
-            status = "skipped" if is_finished(self.run_dir) else "busy"
+            status = ("skipped" if is_finished(self.run_dir) else
+                      "pruned" if is_pruned(self.run_dir) else "busy")
             log.event(self.run.name, status, job=_job_id())
             return {"status": status}
         start = time.perf_counter()
@@ -141,6 +142,9 @@ class TrainJob:
         if code == EXIT_BUSY:
             log.event(self.run.name, "busy", job=_job_id())
             return {"status": "busy"}
+        if code == EXIT_PRUNED:  # a tune trial its study stopped: an end, not a failure
+            log.event(self.run.name, "pruned", seconds=seconds, job=_job_id())
+            return {"status": "pruned", "seconds": seconds}
         if code == EXIT_PREEMPTED:  # the scheduler signalled the training process itself
             log.event(self.run.name, "preempted", seconds=seconds, job=_job_id())
             return {"status": "preempted", "seconds": seconds}

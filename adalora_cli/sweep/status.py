@@ -68,6 +68,8 @@ def _directory_state(path: Path) -> tuple[str, str]:
     if state in ("missing", "empty"):
         return "not started", ""
     status = RunDir.read_status(path) or {}
+    if state == "pruned":
+        return "pruned", f"at step {status.get('step')}"
     if status.get("status") == "preempted":
         return "preempted", f"checkpoint at step {status.get('step')}"
     if status.get("status") == "failed":
@@ -142,7 +144,7 @@ def sweep_states(runs: list[PlannedRun], sweep_dir: Path, scheduler: bool = True
     return rows
 
 
-JOB_ENDED = ("finished", "failed", "preempted", "skipped", "busy")
+JOB_ENDED = ("finished", "failed", "preempted", "skipped", "busy", "pruned")
 """A job's last events in ``sweep_log.jsonl``: after one of them it is out of the queue
 (a job requeued on preemption logs ``requeued`` instead)."""
 
@@ -155,7 +157,7 @@ def _job_ended(event: dict | None, job: str) -> bool:
 def _combine(name: str, directory: tuple[str, str], event: dict | None, sched: str,
              job: str) -> RunStatus:
     state, detail = directory
-    if state in ("finished", "running"):
+    if state in ("finished", "running", "pruned"):
         return RunStatus(name, state, detail, job)
     if state == "not started" and event and event.get("event") == "failed":
         # the job's own last word, after its latest submission: its scheduler job may
