@@ -1,4 +1,5 @@
-"""SVD-based adaptation (Sec. 3.1, Eq. 3) and the orthogonal regularizer (Eq. 4).
+"""AdaLoRA (Zhang et al., 2023): SVD-based adaptation (Sec. 3.1, Eq. 3), the orthogonal
+regularizer (Eq. 4) and the builder, :func:`build_adalora`.
 
 :class:`SVDLinear` wraps a frozen ``nn.Linear`` and adds ``(alpha / r0) * P diag(lam) Q x``.
 The rank allocator (``allocator.py``) prunes a matrix's rank by zeroing entries of ``lam``;
@@ -9,17 +10,25 @@ The rank allocator (``allocator.py``) prunes a matrix's rank by zeroing entries 
 with ``left`` of shape ``(d_out, r)`` and ``right`` of shape ``(r, d_in)``: ``(P, Q)`` here,
 ``(B, A)`` for LoRA (the LoRA_regu ablation); :class:`OrthogonalRegularizer` is the
 method hook that computes it, on whole factors even when the model is sharded.
+
+:func:`low_rank` builds AdaLoRA and LoRA alike: it wraps the targets, adds the regularizer
+and, when pruning, the rank allocator (``allocator.py``), so prune-LoRA and LoRA_regu (the
+paper's ablations, Tables 5 and 6) take AdaLoRA's budget, schedule, score and regularizer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
 
 import torch
 from torch import nn
 
-from .base import LinearWrapper, linear_dims, optional_dropout
+from ..config import RunConfig
+from .allocator import RankAllocator, check_schedule
+from .base import LinearWrapper, MethodHandle, head_parameters, linear_dims, optional_dropout
+from .building import adapter_params, check_rank
+from .inject import replace_linears, resolve_targets
 from .placement import WHOLE, Placement
 from .scaled_rank import scaled_rank
 
@@ -195,3 +204,35 @@ class OrthogonalRegularizer:
         if adds:
             torch._foreach_add_(into, adds)
         return value
+
+
+def low_rank(model: nn.Module, cfg: RunConfig, total_steps: int | None, *, rank: int,
+             rank_key: str, gamma: float, prune: bool,
+             wrap: Callable[[nn.Module], nn.Module]) -> MethodHandle:
+    """Shared by AdaLoRA and LoRA: inject, regularizer, and the allocator when pruning.
+
+    Pruning (AdaLoRA, or prune-LoRA) takes its budget, schedule and score from
+    ``cfg.adalora``; the regularizer form too (LoRA_regu uses the same Eq. 4)."""
+    paths = resolve_targets(model, cfg.method.target_modules)
+    check_rank(model, paths, rank, rank_key)
+    pruning = prune and total_steps is not None
+    a = cfg.adalora.resolved(len(paths))  # b(T) for these n matrices
+    if pruning:  # reject an impossible schedule before touching the model
+        check_schedule(len(paths) * rank, a.budget, a.t_init, a.t_final, total_steps)
+    layers = replace_linears(model, paths, wrap)
+    modules = [layer for _, layer in layers]
+    regularizer = OrthogonalRegularizer(modules, a.orth_reg) if gamma > 0 else None
+    allocator = RankAllocator.from_config(layers, a, total_steps) if pruning else None
+    return MethodHandle(
+        name=cfg.method.name, adapter=adapter_params(layers), head=head_parameters(model),
+        n_matrices=len(layers), reg_weight=gamma, regularizer=regularizer,
+        after_step=allocator.step if allocator else None,
+        allocator=allocator, layers=layers,
+    )
+
+
+def build_adalora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    a = cfg.adalora
+    return low_rank(model, cfg, total_steps, rank=a.init_rank, rank_key="adalora.init_rank",
+                    gamma=a.gamma, prune=a.prune,
+                    wrap=lambda lin: SVDLinear(lin, a.init_rank, a.alpha, a.dropout))
