@@ -119,6 +119,49 @@ def test_the_readme_shows_every_command():
     assert shown == set(_cli().commands)
 
 
+# Flags of other tools that the docs explain beside ours (sbatch, torchrun, pip, accelerate).
+OTHER_TOOLS_FLAGS = {"--array", "--requeue", "--signal", "--nproc_per_node", "--standalone",
+                     "--index-url", "--no-deps", "--fp16", "--mixed_precision"}
+
+
+def _all_our_flags() -> set[str]:
+    flags: set[str] = set()
+
+    def walk(command):
+        flags.update(_options(command))
+        for sub in getattr(command, "commands", {}).values():
+            walk(sub)
+
+    walk(_cli())
+    for script in [*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "scripts").glob("*.py")]:
+        flags.update(re.findall(r'"(--[a-z][\w-]*)"', script.read_text(encoding="utf-8")))
+    return flags
+
+
+def test_every_flag_in_prose_exists_somewhere():
+    """A flag written alone in a sentence (`--per-seed`, `--format merged`) is an option of
+    one of our commands or scripts, or of another tool the docs name."""
+    ours = _all_our_flags()
+    wrong = []
+    for doc in DOCS:
+        prose, _ = _split(_text(doc))
+        for span in SPAN.findall(_flat(prose)):
+            for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", span):
+                if flag not in ours and flag not in OTHER_TOOLS_FLAGS:
+                    wrong.append((_rel(doc), flag))
+    assert wrong == []
+
+
+def test_environment_variables_named_in_the_docs_are_read():
+    """`ADALORA_PROGRESS_EVERY` and the like: something in the code or tests reads each."""
+    named = {v for doc in DOCS for v in re.findall(r"\bADALORA_[A-Z_]+\b", _text(doc))}
+    assert len(named) >= 3
+    sources = "\n".join(p.read_text(encoding="utf-8") for folder in ("adalora_cli", "tests")
+                        for p in (ROOT / folder).rglob("*.py")
+                        if p.name != "test_docs_claims.py")
+    assert sorted(v for v in named if v not in sources) == []
+
+
 BENCH = re.compile(r"python (benchmarks/[\w]+\.py)([^`\n]*)")
 
 
