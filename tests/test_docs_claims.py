@@ -258,6 +258,27 @@ def test_the_readme_names_every_test_target():
     assert [t for t in sorted(tests) if f"make {t}`" not in readme] == []
 
 
+def test_doc_anchors_cited_in_code_and_manifests_resolve():
+    """``docs/run-directory.md#resuming`` in a docstring, an error hint or a manifest's
+    header points at a heading or anchor that exists (tests/test_docs_commands.py holds
+    docs/maths.md's citations; this holds every other page's)."""
+    from tests.test_docs_commands import anchors
+
+    cited = []
+    for folder, pattern in (("adalora_cli", "*.py"), ("benchmarks", "*.py"),
+                            ("scripts", "*.py"), ("configs", "*.yaml"),
+                            ("experiments", "*.yaml")):
+        for source in (ROOT / folder).rglob(pattern):
+            for page, anchor in re.findall(r"docs/([\w-]+\.md)#([\w-]+)",
+                                           source.read_text(encoding="utf-8")):
+                cited.append((str(source.relative_to(ROOT)), page, anchor))
+    assert len(cited) >= 20
+    broken = [(where, f"{page}#{anchor}") for where, page, anchor in cited
+              if not (ROOT / "docs" / page).is_file()
+              or anchor not in anchors(ROOT / "docs" / page)]
+    assert broken == []
+
+
 # ---------------------------------------------------------------------- counts
 
 WORDS = {w: n for n, w in enumerate(
