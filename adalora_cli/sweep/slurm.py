@@ -77,7 +77,12 @@ class SlurmLauncher:
 
     @property
     def processes_per_run(self) -> int:
-        """One per GPU of the run's job (torchrun ranks), or one on a CPU-only job."""
+        """One per GPU of each node of the run's job (torchrun ranks), or one a node on a
+        CPU-only job."""
+        return self.options.nodes * self._per_node
+
+    @property
+    def _per_node(self) -> int:
         return max(1, self.options.gpus_per_job)
 
     def launch(self, spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path,
@@ -120,11 +125,12 @@ class SlurmLauncher:
     def _submit(self, spec: SweepSpec, todo: list[PlannedRun], sweep_dir: Path) -> dict:
         executor = make_executor(sweep_dir / SUBMITIT_DIR, self.options,
                                  f"adalora-{spec.name}", self.cluster)
-        nproc = self.processes_per_run
+        nproc, nnodes = self._per_node, self.options.nodes
         try:
             # submitit prints sbatch's stderr itself when sbatch fails; said here in one line
             with contextlib.redirect_stderr(io.StringIO()), executor.batch():  # one array
-                pending = [executor.submit(TrainJob(run, sweep_dir, nproc)) for run in todo]
+                pending = [executor.submit(TrainJob(run, sweep_dir, nproc, nnodes))
+                           for run in todo]
         except Exception as err:
             refused = sbatch_refusal(err, self.options)
             if refused is None:

@@ -16,16 +16,19 @@ itself: SLURM sends it to every process of the job, and its default action is to
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.launch import cli_command
 from ..errors import EXIT_BUSY, EXIT_PREEMPTED, EXIT_PRUNED
-from ..rundir.layout import SWEEP_LOGS
+from ..rundir.layout import SUBMITIT_DIR, SWEEP_LOGS
 from ..rundir.owner import PARENT_ENV
 from ..rundir.run import is_finished, is_pruned
 from .plan import PlannedRun
@@ -42,16 +45,55 @@ class RunFailed(RuntimeError):
     """The training process failed; the message is its last error line."""
 
 
-def train_command(run: PlannedRun, run_dir: Path, resume: bool, nproc: int = 1) -> list[str]:
-    """``adalora train`` for this run; with ``nproc`` > 1 under torchrun, one rank a GPU."""
+def train_command(run: PlannedRun, run_dir: Path, resume: bool, nproc: int = 1,
+                  nodes: Nodes | None = None) -> list[str]:
+    """``adalora train`` for this run; with ``nproc`` > 1 under torchrun, one rank a GPU;
+    across ``nodes``, one torchrun agent a node, meeting at the first node's rendezvous."""
     # the adalora_cli this job unpickled, never one in the node's working directory
-    launcher = cli_command("train", torchrun=["--standalone", f"--nproc_per_node={nproc}"]
-                           if nproc > 1 else None)
+    if nodes is not None and nodes.count > 1:
+        launcher = cli_command("train", torchrun=nodes.torchrun(nproc))
+    else:
+        launcher = cli_command("train", torchrun=["--standalone", f"--nproc_per_node={nproc}"]
+                               if nproc > 1 else None)
     # No --quiet: writing to a log file, not a terminal, the run prints plain progress lines
     # (engine/progress.py), so the log shows how far it got while it runs.
     if resume:
         return [*launcher, "--resume", str(run_dir)]
     return [*launcher, str(run.config), *run.overrides, "--run-dir", str(run_dir)]
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where the torchrun agents of one multi-node run meet: every node's task of the job
+    runs the same command, and the c10d rendezvous on the first node (the batch host, from
+    which srun started the tasks) assigns the ranks."""
+
+    count: int
+    endpoint: str
+    """``host:port`` of the rendezvous: the first node's address, a port from the job id."""
+    run_id: str
+    """The rendezvous id: the job's id and attempt, so a requeued job never meets the
+    agents of its previous attempt."""
+
+    def torchrun(self, nproc: int) -> list[str]:
+        return [f"--nnodes={self.count}", f"--nproc_per_node={nproc}",
+                "--rdzv_backend=c10d", f"--rdzv_endpoint={self.endpoint}",
+                f"--rdzv_id={self.run_id}"]
+
+    @classmethod
+    def of_this_job(cls, count: int, env: Mapping[str, str] = os.environ) -> Nodes:
+        """From the variables srun gives each task: the launching node's address
+        (``SLURM_LAUNCH_NODE_IPADDR``: srun runs on the job's first node), the job id and
+        its restart count."""
+        job = env.get("SLURM_JOB_ID", "0")
+        port = RDZV_PORTS[0] + int(job) % (RDZV_PORTS[1] - RDZV_PORTS[0]) if job.isdigit() \
+            else RDZV_PORTS[0]
+        host = env.get("SLURM_LAUNCH_NODE_IPADDR") or socket.gethostname()
+        return cls(count, f"{host}:{port}", f"{job}.{env.get('SLURM_RESTART_COUNT', '0')}")
+
+
+RDZV_PORTS = (29500, 31500)
+"""The rendezvous port is taken in this range by job id, so two runs on one node differ."""
 
 
 def _job_id() -> str:
@@ -71,8 +113,11 @@ def _usr_signal() -> signal.Signals:
 class TrainJob:
     """A picklable, checkpointable callable: submitit's unit of work for one run."""
 
-    def __init__(self, run: PlannedRun, sweep_dir: Path, nproc: int = 1):
+    def __init__(self, run: PlannedRun, sweep_dir: Path, nproc: int = 1, nnodes: int = 1):
         self.run, self.sweep_dir, self.nproc = run, Path(sweep_dir).resolve(), nproc
+        self.nnodes = nnodes
+        """Nodes of the run: above 1 every node's task of the job calls this job, and the
+        first node's decides for all (:meth:`_other_node`)."""
         self.cwd = Path.cwd()  # configs and model paths may be relative to where we submit
         self._proc: subprocess.Popen | None = None
 
@@ -84,12 +129,16 @@ class TrainJob:
         return self.sweep_dir / self.run.name
 
     def __call__(self) -> dict:
+        nodes = Nodes.of_this_job(self.nnodes) if self.nnodes > 1 else None
+        if nodes is not None and os.environ.get("SLURM_NODEID", "0") != "0":
+            return self._other_node(nodes)
         log = SweepLog(self.sweep_dir)
         state = claim_launch(self.run_dir)
         if state is None:  # finished meanwhile, or another process runs it
             status = ("skipped" if is_finished(self.run_dir) else
                       "pruned" if is_pruned(self.run_dir) else "busy")
             log.event(self.run.name, status, job=_job_id())
+            self._hand_over(nodes, None)
             return {"status": status}
         start = time.perf_counter()
         try:
@@ -98,14 +147,44 @@ class TrainJob:
             resume = state == "unfinished"
             log.event(self.run.name, "resumed" if resume else "started", job=_job_id(),
                       host=socket.gethostname())
-            self._proc = self._start(resume)
+            cmd = train_command(self.run, self.run_dir, resume, self.nproc, nodes)
+            self._hand_over(nodes, cmd)
+            self._proc = self._start(cmd)
             code = self._wait()
         finally:
             release_launch(self.run_dir)
         return self._outcome(code, round(time.perf_counter() - start, 1), log)
 
-    def _start(self, resume: bool) -> subprocess.Popen:
-        cmd = train_command(self.run, self.run_dir, resume, self.nproc)
+    def _handover_file(self, nodes: Nodes) -> Path:
+        return self.sweep_dir / SUBMITIT_DIR / f"{self.run.name}.{nodes.run_id}.command.json"
+
+    def _hand_over(self, nodes: Nodes | None, cmd: list[str] | None) -> None:
+        """The first node's decision for the others of a multi-node run: the command
+        (start or resume) every node runs, or None when there is nothing to run."""
+        if nodes is None:
+            return
+        path = self._handover_file(nodes)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"command": cmd}))
+        os.replace(tmp, path)  # whole or absent: the other nodes poll for it
+
+    def _other_node(self, nodes: Nodes, patience: float = 600.0) -> dict:
+        """A node after the first of a multi-node run: no claim, no events of its own; it
+        runs the first node's command (its torchrun agent joins the rendezvous), whose
+        exit the first node's agent reports for the run."""
+        path, deadline = self._handover_file(nodes), time.monotonic() + patience
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise RunFailed(f"{self.run.name}: the job's first node decided nothing in "
+                                f"{patience:.0f} s (no {path.name})")
+            time.sleep(0.5)
+        cmd = json.loads(path.read_text())["command"]
+        if cmd is None:
+            return {"status": "skipped"}
+        self._proc = self._start(cmd)
+        return {"status": f"node {os.environ.get('SLURM_NODEID')}", "exit": self._wait()}
+
+    def _start(self, cmd: list[str]) -> subprocess.Popen:
         logfile = self.sweep_dir / SWEEP_LOGS / f"{self.run.name}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
         usr = _usr_signal()
@@ -121,7 +200,7 @@ class TrainJob:
         dies. Not under torchrun: there the ranks' parent is torchrun, not this process,
         and the job step's end stops them all anyway."""
         env = dict(os.environ)
-        if self.nproc == 1:
+        if self.nproc == 1 and self.nnodes == 1:
             env[PARENT_ENV] = str(os.getpid())
         else:
             env.pop(PARENT_ENV, None)
@@ -160,7 +239,7 @@ class TrainJob:
         code = self._stop_child()
         SweepLog(self.sweep_dir).event(self.run.name, "requeued", exit=code, job=_job_id())
         release_launch(self.run_dir)
-        return DelayedSubmission(TrainJob(self.run, self.sweep_dir, self.nproc))
+        return DelayedSubmission(TrainJob(self.run, self.sweep_dir, self.nproc, self.nnodes))
 
     def _stop_child(self) -> int | None:
         proc = self._proc

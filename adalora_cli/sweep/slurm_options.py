@@ -18,8 +18,8 @@ from pathlib import Path
 
 from ..config import ConfigError
 
-KEYS = ("partition", "time", "gpus_per_job", "cpus", "mem", "account", "qos", "constraint",
-        "parallel", "signal_delay", "requeues")
+KEYS = ("partition", "time", "gpus_per_job", "nodes", "cpus", "mem", "account", "qos",
+        "constraint", "parallel", "signal_delay", "requeues")
 _ITEM_SPLIT = re.compile(r",(?=\s*[A-Za-z_][\w.-]*=)")
 _MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
 
@@ -34,6 +34,10 @@ class SlurmOptions:
     partition: str | None = None
     gpus_per_job: int = 1
     """GPUs of one run; above 1 the run is a ``torchrun`` with one process per GPU."""
+    nodes: int = 1
+    """Nodes of one run; above 1 each node starts a ``torchrun`` agent (``srun``, one task a
+    node) that meets the others at a c10d rendezvous on the job's first node, with
+    ``gpus_per_job`` processes (one on a CPU job) on each."""
     cpus: int | None = None
     """CPUs of one run (``--cpus-per-task``)."""
     mem: str | None = None
@@ -110,6 +114,7 @@ def _item(key: str, value: str, fields: dict, extra: dict) -> None:
     converters = {
         "time": lambda v: ("time_min", parse_time(v)),
         "gpus_per_job": lambda v: ("gpus_per_job", _int(key, v, 0)),
+        "nodes": lambda v: ("nodes", _int(key, v, 1)),
         "cpus": lambda v: ("cpus", _int(key, v, 1)),
         "mem": lambda v: ("mem", _mem(v)),
         "parallel": lambda v: ("parallel", _int(key, v, 1)),
@@ -120,9 +125,9 @@ def _item(key: str, value: str, fields: dict, extra: dict) -> None:
     fields[name] = converted
 
 
-_EXAMPLES = {"partition": "gpu", "time": "24:00:00", "gpus_per_job": "1", "cpus": "8",
-             "mem": "64G", "account": "myproject", "qos": "normal", "constraint": "a100",
-             "parallel": "16", "signal_delay": "120", "requeues": "3"}
+_EXAMPLES = {"partition": "gpu", "time": "24:00:00", "gpus_per_job": "1", "nodes": "2",
+             "cpus": "8", "mem": "64G", "account": "myproject", "qos": "normal",
+             "constraint": "a100", "parallel": "16", "signal_delay": "120", "requeues": "3"}
 
 
 def parse_slurm(items: list[str]) -> SlurmOptions:
@@ -173,9 +178,10 @@ def sbatch_refusal(err: BaseException, opts: SlurmOptions) -> ConfigError | None
 
 def executor_parameters(opts: SlurmOptions, job_name: str) -> dict:
     """submitit ``SlurmExecutor.update_parameters`` arguments for these options."""
-    params: dict = {"job_name": job_name, "time": opts.time_min, "nodes": 1,
+    params: dict = {"job_name": job_name, "time": opts.time_min, "nodes": opts.nodes,
                     "ntasks_per_node": 1, "signal_delay_s": opts.signal_delay}
-    # One task per run: with several GPUs that task starts torchrun, which starts the ranks.
+    # One task per node of a run: with several GPUs or nodes that task starts torchrun,
+    # which starts the node's ranks.
     if opts.gpus_per_job:
         params["gpus_per_node"] = opts.gpus_per_job
     optional = {"partition": opts.partition, "cpus_per_task": opts.cpus,

@@ -303,3 +303,70 @@ def test_only_a_single_process_run_watches_its_job(tmp_path):
     run = PlannedRun("r", Path(SMOKE), "lora", None, 0, (), "")
     assert TrainJob(run, tmp_path, nproc=1).env()[PARENT_ENV] == str(os.getpid())
     assert PARENT_ENV not in TrainJob(run, tmp_path, nproc=2).env()
+
+
+# --------------------------------------------------------------------------- two nodes
+
+
+def test_sbatch_script_of_a_two_node_run(tmp_path, monkeypatch):
+    """--slurm nodes=2: one task a node, each started by the script's srun line; checked on
+    a real scheduler by tests/slurm/test_real_scheduler.py."""
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))
+    opts = parse_slurm(["time=60,nodes=2,gpus_per_job=4"])
+    assert SlurmLauncher(opts).processes_per_run == 8  # a sharded run is allowed
+    executor = make_executor(tmp_path, opts, "adalora-x")
+    executor.parameters["map_count"] = 1
+    lines = executor._make_submission_file_text("python -m submitit.core._submit X",
+                                                "u").splitlines()
+    flags = [line for line in lines if line.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=2" in flags and "#SBATCH --ntasks-per-node=1" in flags
+    assert "#SBATCH --gpus-per-node=4" in flags
+    srun = [line for line in lines if line.startswith("srun")]
+    assert len(srun) == 1 and srun[0].endswith("python -m submitit.core._submit X")
+    assert "--ntasks" not in srun[0]  # one task on each of the job's nodes
+
+
+def test_each_node_runs_one_torchrun_agent_at_the_first_nodes_rendezvous(tmp_path):
+    from adalora_cli.sweep.slurm_job import RDZV_PORTS, Nodes
+
+    env = {"SLURM_JOB_ID": "4242", "SLURM_LAUNCH_NODE_IPADDR": "10.1.2.3",
+           "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    nodes = Nodes.of_this_job(2, env)
+    port = RDZV_PORTS[0] + 4242 % (RDZV_PORTS[1] - RDZV_PORTS[0])
+    assert nodes == Nodes(2, f"10.1.2.3:{port}", "4242.1")
+    run = PlannedRun("r", Path(SMOKE), "lora", None, 0, ("method.name=lora",), "")
+    cmd = train_command(run, tmp_path / "r", resume=False, nproc=4, nodes=nodes)
+    assert cmd[1:10] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=4",
+                         "--rdzv_backend=c10d", f"--rdzv_endpoint=10.1.2.3:{port}",
+                         "--rdzv_id=4242.1", "--no-python", sys.executable]
+    assert cmd[-5:] == ["train", SMOKE, "method.name=lora", "--run-dir", str(tmp_path / "r")]
+
+
+def test_the_first_node_decides_for_the_others(tmp_path, monkeypatch):
+    """Node 0 claims the run and hands its command (start or resume) to the other nodes,
+    which run it without claiming or logging anything themselves."""
+    from adalora_cli.sweep import slurm_job
+    from adalora_cli.sweep.slurm_job import TrainJob
+
+    run = PlannedRun("r", Path(SMOKE), "lora", None, 0, (), "")
+    (tmp_path / "slurm").mkdir()
+    started: list[tuple[str, list[str]]] = []
+
+    class Done:
+        returncode = 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(TrainJob, "_start", lambda self, cmd: started.append(
+        (os.environ["SLURM_NODEID"], cmd)) or Done())
+    monkeypatch.setattr(slurm_job, "is_finished", lambda path: True)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    assert TrainJob(run, tmp_path, nproc=1, nnodes=2)()["status"] == "finished"
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    assert TrainJob(run, tmp_path, nproc=1, nnodes=2)() == {"status": "node 1", "exit": 0}
+    assert started[0][1] == started[1][1] and "--nnodes=2" in started[0][1]
+    assert [e["event"] for e in events(tmp_path)] == ["started", "finished"]  # node 0's
+    assert (tmp_path / "slurm" / "r.7.0.command.json").is_file()
