@@ -1,8 +1,10 @@
 """Sweep execution: each planned run as its own ``adalora train`` process.
 
 One process per run keeps runs independent: a crash, an out-of-memory kill or a leaked
-CUDA context takes down one run, not the sweep. ``jobs`` processes run at once; when
-several GPUs are visible each job slot owns one through ``CUDA_VISIBLE_DEVICES``. The
+CUDA context takes down one run, not the sweep. ``jobs`` processes run at once. On GPUs
+they are packed by memory (:mod:`.packing`): a run starts on a GPU with room for the peak
+memory its config took before (the first run of a config alone on a GPU), through
+``CUDA_VISIBLE_DEVICES``, and otherwise waits. The
 sweep directory holds the run directories, ``logs/<run>.log`` (each attempt's output,
 appended), ``sweep.yaml`` (the plan as last launched) and ``sweep_log.jsonl`` (every event,
 kept across re-runs).
@@ -19,7 +21,9 @@ launchers share about the runs (their states, launch claims, manifest, log) is i
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -29,11 +33,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import threads
+from ..config import load_config
 from ..engine.launch import cli_command
 from ..errors import EXIT_BUSY, EXIT_PREEMPTED, EXIT_PRUNED, SweepStopped, warning
-from ..rundir.layout import SWEEP_LOGS
+from ..methods.registry import config_digest
+from ..rundir.layout import SUMMARY, SWEEP_LOGS
 from ..rundir.owner import PARENT_ENV
 from ..rundir.run import RunDir, is_finished
+from .packing import GpuPacker
 from .plan import PlannedRun, SweepSpec
 from .runs import (
     Outcome,
@@ -64,6 +71,64 @@ def gpu_slots(jobs: int, gpus: list[str]) -> list[str | None]:
     """The GPU each of the ``jobs`` slots owns: one each, round-robin when there are more
     jobs than GPUs; None (leave CUDA_VISIBLE_DEVICES alone) with one GPU or none."""
     return [gpus[i % len(gpus)] if len(gpus) > 1 else None for i in range(max(1, jobs))]
+
+
+def gpu_memory(gpus: list[str]) -> dict[str, int] | None:
+    """{GPU: bytes free on it now} from ``nvidia-smi`` (which, unlike torch, makes no CUDA
+    context in the sweep's own process); None when it is missing or does not answer."""
+    if not gpus or shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=memory.free",
+                               "--format=csv,noheader,nounits", "-i", ",".join(gpus)],
+                              capture_output=True, text=True, timeout=60)
+        mib = [int(line) for line in done.stdout.split()] if done.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return dict(zip(gpus, [m << 20 for m in mib])) if len(mib) == len(gpus) else None
+
+
+class _Peaks:
+    """Measured GPU peaks of the sweep's finished runs, by config digest (seeds of one
+    experiment share one): what :class:`GpuPacker` places a run by."""
+
+    def __init__(self, sweep_dir: Path):
+        self.sweep_dir = sweep_dir
+        self.by_digest: dict[str, int] = {}
+        self.digests: dict[str, str] = {}
+
+    def digest(self, run: PlannedRun) -> str:
+        if run.name not in self.digests:
+            self.digests[run.name] = config_digest(load_config(run.config,
+                                                               list(run.overrides)))
+        return self.digests[run.name]
+
+    def learn(self, run: PlannedRun) -> None:
+        """Read a finished run's peak (the largest of its config's runs is kept); a run
+        measured off the GPU (its peak is the process's resident memory) says nothing."""
+        try:
+            summary = json.loads((self.sweep_dir / run.name / SUMMARY).read_text())
+        except (OSError, ValueError):
+            return
+        peak = summary.get("peak_memory_bytes") if isinstance(summary, dict) else None
+        if isinstance(peak, int) and str(summary.get("device", "")).startswith("cuda"):
+            key = self.digest(run)
+            self.by_digest[key] = max(peak, self.by_digest.get(key, 0))
+
+    def get(self, run: PlannedRun) -> int | None:
+        return self.by_digest.get(self.digest(run))
+
+
+def _packer(jobs: int, gpus: list[str], console: Console) -> GpuPacker | None:
+    """Packing by memory when several runs could share a GPU and its memory is known."""
+    if jobs <= 1 or not gpus:
+        return None
+    free = gpu_memory(gpus)
+    if free is None:
+        warning("nvidia-smi did not say how much GPU memory is free: --jobs runs start "
+                "without a memory check", console.file)
+        return None
+    return GpuPacker(free)
 
 
 def _child_env(gpu: str | None, jobs: int) -> dict[str, str]:
@@ -157,18 +222,22 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
     (sweep_dir / SWEEP_LOGS).mkdir(parents=True, exist_ok=True)
     write_manifest(spec, runs, sweep_dir)
     log = SweepLog(sweep_dir)
+    gpus = visible_gpus()
+    slots = gpu_slots(jobs, gpus)
+    packer, peaks = _packer(len(slots), gpus, console), _Peaks(sweep_dir)
     todo, outcomes = [], []
     for run in runs:
         settled = _settled(run, sweep_dir, console)
         if settled is None:
             todo.append(run)
         else:
+            if packer is not None and settled.status == "skipped":
+                peaks.learn(run)  # finished by an earlier sweep: its peak is known
             outcomes.append(settled)
             log.event(run.name, settled.status)
             if settled.status == "busy":
                 warning(f"{sweep_dir / run.name} is being run by another process; left alone",
                         console.file)
-    slots = gpu_slots(jobs, visible_gpus())
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
                         TimeElapsedColumn(), console=console, disable=quiet or not todo)
@@ -191,15 +260,24 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
         refreshed = time.monotonic()
         try:
             while todo or running:
+                waits = None
                 for slot, gpu in enumerate(slots):
                     while slot not in running and todo:
-                        run = todo.pop(0)
+                        run = todo[0]
                         settled = _settled(run, sweep_dir, console)  # another sweep's work?
                         if settled is not None:
+                            todo.pop(0)
                             done(settled)
                             continue
-                        job = _launch(run, sweep_dir, gpu, len(slots), log)
+                        on = gpu if packer is None else packer.place(run.name, peaks.get(run))
+                        if packer is not None and on is None:
+                            waits = run.name  # no GPU has room: it waits, not overtaken
+                            break
+                        todo.pop(0)
+                        job = _launch(run, sweep_dir, on, len(slots), log)
                         if job is None:  # claimed by another sweep between the checks
+                            if packer is not None:
+                                packer.release(run.name)
                             settled = _settled(run, sweep_dir, console)
                             done(settled or Outcome(run, "busy"))
                             continue
@@ -209,12 +287,20 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
                         continue
                     del running[slot]
                     release_launch(job.run_dir)
-                    done(job.outcome())
+                    outcome = job.outcome()
+                    if packer is not None:
+                        packer.release(job.run.name)
+                        if outcome.status == "finished":
+                            peaks.learn(job.run)
+                    done(outcome)
                 if time.monotonic() - refreshed > 30:
                     refresh_launches([j.run_dir for j in running.values()])
                     refreshed = time.monotonic()
                 names = ", ".join(j.run.name for j in running.values())
-                progress.update(overall, note=f"running {names}" if names else "")
+                note = f"running {names}" if names else ""
+                if waits:
+                    note += f"; {waits} waits for GPU memory"
+                progress.update(overall, note=note)
                 time.sleep(0.2)
         except (KeyboardInterrupt, SweepStopped):
             _stop_jobs(running, log)
