@@ -21,8 +21,8 @@ def sweep(
         None, "--methods", help="Methods by name, e.g. adalora,lora,bitfit (default: the "
                                 "config's method)"),
     seeds: str | None = typer.Option(None, "--seeds", help="e.g. 0,1,2 (default: the config's)"),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Runs at once (one GPU each when several "
-                                                     "are visible)"),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Runs at once, packed onto the GPUs by the "
+                                                     "peak memory their config took before"),
     sweep_dir: Path | None = typer.Option(
         None, "--sweep-dir", help="Where the run directories go (default: runs/<sweep name>)"),
     dry_run: bool = typer.Option(
