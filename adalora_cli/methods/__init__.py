@@ -1,8 +1,9 @@
 """Fine-tuning methods: build one on a model and hand the training loop a MethodHandle.
 
-:mod:`.registry` names every method (torch-free); :mod:`.apply` builds them. The names below
-are imported on first use, so ``import adalora_cli.methods.registry`` (the report, the CLI)
-never loads torch.
+:mod:`.registry` names every method (torch-free) and its builder, which lives in the method's
+own module beside its layer; :mod:`.apply` builds one through it. The names below are
+imported on first use, so ``import adalora_cli.methods.registry`` (the report, the CLI) never
+loads torch.
 """
 
 from __future__ import annotations

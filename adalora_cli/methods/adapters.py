@@ -1,4 +1,6 @@
-"""Bottleneck adapters: Houlsby (Houlsby et al., 2019) and Pfeiffer (Pfeiffer et al., 2021).
+"""Bottleneck adapters: Houlsby (Houlsby et al., 2019; the paper's HAdapter) and Pfeiffer
+(Pfeiffer et al., 2021; PAdapter), with their builders :func:`build_houlsby` and
+:func:`build_pfeiffer`.
 
 An adapter wraps an output projection: ``y = base(x); out = y + up(dropout(act(down(y))))``,
 so it sits after the projection and before that sublayer's residual add and LayerNorm
@@ -15,7 +17,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .base import LinearWrapper, optional_dropout
+from ..config import RunConfig
+from .base import LinearWrapper, MethodHandle, head_parameters, optional_dropout
+from .building import adapter_params
+from .inject import adapter_sites, replace_linears
 
 
 class BottleneckAdapter(LinearWrapper):
@@ -56,3 +61,20 @@ class PfeifferAdapter(BottleneckAdapter):
     """One per layer (FFN output), ReLU."""
 
     activation = nn.ReLU
+
+
+def bottleneck(model: nn.Module, cfg: RunConfig, kind: type[nn.Module], *,
+               attention: bool) -> MethodHandle:
+    ad = cfg.adapter
+    sites = adapter_sites(model, attention=attention)
+    layers = replace_linears(model, sites, lambda lin: kind(lin, ad.dim, ad.dropout))
+    return MethodHandle(name=cfg.method.name, adapter=adapter_params(layers),
+                        head=head_parameters(model), layers=layers)
+
+
+def build_houlsby(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    return bottleneck(model, cfg, HoulsbyAdapter, attention=True)  # attention + FFN
+
+
+def build_pfeiffer(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    return bottleneck(model, cfg, PfeifferAdapter, attention=False)  # FFN only

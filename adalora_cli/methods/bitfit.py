@@ -1,4 +1,5 @@
-"""BitFit (Zaken et al., 2022): train every bias term of the backbone, plus the task head.
+"""BitFit (Zaken et al., 2022): train every bias term of the backbone, plus the task head
+(docs/maths.md#methods); :func:`build_bitfit` is its builder.
 
 Biases are found as the ``bias`` attribute of each module (``nn.Linear``, ``nn.LayerNorm``,
 ...), so a bias is recognised by what it is, not by parsing parameter names.
@@ -7,6 +8,10 @@ Biases are found as the ``bias`` attribute of each module (``nn.Linear``, ``nn.L
 from __future__ import annotations
 
 from torch import nn
+
+from ..config import RunConfig
+from .base import MethodHandle, head_parameters
+from .building import without_head
 
 
 def bias_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -19,3 +24,9 @@ def bias_parameters(model: nn.Module) -> list[nn.Parameter]:
             seen.add(id(bias))
             out.append(bias)
     return out
+
+
+def build_bitfit(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    head = head_parameters(model)
+    return MethodHandle(name="bitfit", adapter=without_head(bias_parameters(model), head),
+                        head=head)

@@ -1,4 +1,5 @@
-"""DoRA (Liu et al., 2024): weight-decomposed low-rank adaptation (docs/maths.md#dora).
+"""DoRA (Liu et al., 2024): weight-decomposed low-rank adaptation (docs/maths.md#dora);
+:func:`build_dora` is its builder.
 
 The adapted weight is a magnitude times a direction, ``W' = m * V / ||V||`` with
 ``V = W0 + s B A`` and the norm taken per output feature (over ``d_in``). ``m`` (one entry
@@ -20,6 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import RunConfig
+from .base import MethodHandle
+from .building import fixed_rank, inject
 from .lora import LoRALinear
 
 
@@ -69,3 +73,10 @@ class DoRALinear(LoRALinear):
 
     def extra_repr(self) -> str:
         return f"r={self.r}, scaling={self.scaling:g}, magnitude={self.m.numel()}"
+
+
+def build_dora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    do = cfg.dora  # docs/maths.md#dora: A, B and the magnitude m train
+    layers = inject(model, cfg, do.r, "dora.r",
+                    lambda lin: DoRALinear(lin, do.r, do.alpha, do.dropout, do.rslora))
+    return fixed_rank(model, cfg, layers)

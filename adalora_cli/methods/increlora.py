@@ -1,5 +1,6 @@
 """IncreLoRA (Zhang et al., 2023): AdaLoRA's SVD form grown from a small rank up to the
-budget b(T) (docs/maths.md#increlora).
+budget b(T) (docs/maths.md#increlora); :func:`build_increlora` is its builder, the growth plan
+it follows is ``growth.py``'s.
 
 Every adapted matrix starts at ``init_rank`` triplets ``(P[:, i], lam[i], Q[i, :])`` and
 ``Delta W = (alpha / rank) P diag(lam) Q`` with its *current* rank, as the authors' code
@@ -30,9 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import ConfigError, RunConfig
 from .allocator import StepReport
-from .base import LinearWrapper, linear_dims, optional_dropout
-from .growth import GrowthPlan
+from .base import LinearWrapper, MethodHandle, linear_dims, optional_dropout
+from .building import fixed_rank
+from .growth import GrowthPlan, plan_growth
+from .inject import replace_linears, resolve_targets
 
 RESERVE_LAM = 1e-5
 """``lam`` of a reserve triplet while the growth runs (the authors' advance learning)."""
@@ -311,3 +315,30 @@ def _all_reduce_mean(grad: torch.Tensor | None) -> None:
     if size > 1:
         dist.all_reduce(grad)
         grad.div_(size)
+
+
+def build_increlora(model: nn.Module, cfg: RunConfig, total_steps: int | None
+                    ) -> MethodHandle:
+    ic = cfg.increlora  # docs/maths.md#increlora
+    paths = resolve_targets(model, cfg.method.target_modules)
+    plan = plan_growth(cfg, len(paths), total_steps)  # an impossible plan fails here
+    smallest = min(min(linear_dims(model.get_submodule(p))) for p in paths)
+    if plan.capacity > smallest:
+        raise ConfigError(
+            f"IncreLoRA would need room for {plan.capacity} ranks in one matrix (it may be "
+            f"chosen at each of {plan.rounds} growth events), more than the smallest adapted "
+            f"dimension ({smallest}); raise increlora.top_h or increlora.add_rank")
+    reserve = plan.add_rank if plan.reserve else 0
+    layers = replace_linears(model, paths, lambda lin: IncreLoRALinear(
+        lin, plan.capacity, ic.init_rank, reserve, ic.alpha, ic.dropout))
+    modules = [layer for _, layer in layers]
+    # counted before any growth: a resumed or reloaded run counts what a fresh one does
+    start = sum(layer.counted_parameters() for layer in modules)
+    grower = (RankGrower(layers, plan, ic.beta1, ic.beta2, cfg.train.seed)
+              if total_steps is not None else None)
+    return fixed_rank(
+        model, cfg, layers, reg_weight=ic.gamma,
+        regularizer=(lambda: born_orthogonality(modules)) if ic.gamma > 0 else None,
+        allocator=grower, after_step=grower.step if grower else None,
+        kept=[p for layer in modules for p in (layer.born, layer.active)],
+        adapter_count=start)

@@ -1,8 +1,10 @@
-"""LoRA (Hu et al., 2022): ``h = W0 x + b + (alpha / r) B A dropout(x)`` (Eq. 2).
-
+"""LoRA (Hu et al., 2022): ``h = W0 x + b + (alpha / r) B A dropout(x)`` (Eq. 2;
+docs/maths.md#methods), and the two variants that keep its layer, each with its builder here:
 rsLoRA (Kalajdzievski, 2023) is the same layer scaled by ``alpha / sqrt(r)``
-(docs/maths.md#rslora); LoRA+ is this layer with a faster learning rate for ``B``
-(docs/maths.md#loraplus, set where the optimizer's groups are made, not here).
+(docs/maths.md#rslora; :func:`build_rslora`); LoRA+ (Hayou et al., 2024) is this layer with a
+faster learning rate for ``B`` (docs/maths.md#loraplus; the optimizer groups of
+:func:`loraplus_groups`, :func:`build_loraplus`). :func:`build_lora` builds LoRA and its
+ablations, which borrow AdaLoRA's machinery (``adalora.py``'s :func:`low_rank`).
 
 ``A`` starts Kaiming-uniform (the same rule ``nn.Linear`` uses for its weight) and ``B`` at
 zero, so ``Delta W = 0`` at step 0. Doublet ``i`` is ``(B[:, i], A[i, :])``; prune-LoRA (Table
@@ -19,7 +21,17 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .base import LinearWrapper, linear_dims, optional_dropout
+from ..config import RunConfig
+from .adalora import low_rank
+from .base import (
+    LinearWrapper,
+    MethodHandle,
+    ParamGroup,
+    head_parameters,
+    linear_dims,
+    optional_dropout,
+)
+from .building import Layers, fixed_rank, inject
 
 
 class LoRALinear(LinearWrapper):
@@ -62,3 +74,38 @@ class LoRALinear(LinearWrapper):
 
     def extra_repr(self) -> str:
         return f"r={self.r}, scaling={self.scaling:g}"
+
+
+def build_lora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    lo = cfg.lora
+    return low_rank(model, cfg, total_steps, rank=lo.r, rank_key="lora.r", gamma=lo.gamma,
+                    prune=lo.prune,
+                    wrap=lambda lin: LoRALinear(lin, lo.r, lo.alpha, lo.dropout))
+
+
+def build_rslora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    rs = cfg.rslora  # docs/maths.md#rslora: LoRA scaled by alpha / sqrt(r)
+    layers = inject(model, cfg, rs.r, "rslora.r",
+                    lambda lin: LoRALinear(lin, rs.r, rs.alpha, rs.dropout, rslora=True))
+    return fixed_rank(model, cfg, layers)
+
+
+def loraplus_groups(layers: Layers, head: list[nn.Parameter], ratio: float
+                    ) -> list[ParamGroup]:
+    """LoRA+'s optimizer groups (docs/maths.md#loraplus): every ``A`` and the head's
+    matrices at the learning rate; every ``B`` at ``ratio`` times it; the head's vectors
+    (biases, LayerNorm) at ``ratio`` times it without weight decay, as PEFT's
+    ``create_loraplus_optimizer`` and the authors' reference code place them."""
+    a_params = [layer.A for _, layer in layers]
+    b_params = [layer.B for _, layer in layers]
+    return [ParamGroup(a_params + [p for p in head if p.ndim > 1]),
+            ParamGroup(b_params, lr_scale=ratio),
+            ParamGroup([p for p in head if p.ndim <= 1], lr_scale=ratio, weight_decay=False)]
+
+
+def build_loraplus(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    lp = cfg.loraplus
+    layers = inject(model, cfg, lp.r, "loraplus.r",
+                    lambda lin: LoRALinear(lin, lp.r, lp.alpha, lp.dropout))
+    head = head_parameters(model)
+    return fixed_rank(model, cfg, layers, groups=loraplus_groups(layers, head, lp.lr_ratio))

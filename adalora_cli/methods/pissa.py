@@ -1,5 +1,5 @@
 """PiSSA (Meng et al., 2024): LoRA started on W0's principal singular triplets
-(docs/maths.md#pissa).
+(docs/maths.md#pissa); :func:`build_pissa` is its builder.
 
 With ``W0 = U S V^T`` and scaling ``s = alpha / r``, ``B`` and ``A`` start as
 ``B0 = U_r sqrt(S_r / s)`` and ``A0 = sqrt(S_r / s) V_r^T``, so ``s B0 A0`` is W0's best
@@ -21,6 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..config import RunConfig
+from .base import MethodHandle
+from .building import fixed_rank, inject
 from .lora import LoRALinear
 
 
@@ -63,3 +66,12 @@ def principal_factors(w0: torch.Tensor, r: int, scaling: float
     U, S, Vh = torch.linalg.svd(w0.float(), full_matrices=False)  # W0 = U diag(S) Vh
     root = torch.sqrt(S[:r] / scaling)  # (r,)
     return U[:, :r] * root, root.unsqueeze(1) * Vh[:r]
+
+
+def build_pissa(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    pi = cfg.pissa  # docs/maths.md#pissa: alpha = r unless set (s = 1)
+    alpha = float(pi.r) if pi.alpha is None else pi.alpha
+    layers = inject(model, cfg, pi.r, "pissa.r",
+                    lambda lin: PiSSALinear(lin, pi.r, alpha, pi.dropout))
+    kept = [p for _, layer in layers for p in (layer.A0, layer.B0)]
+    return fixed_rank(model, cfg, layers, kept=kept)

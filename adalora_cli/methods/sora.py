@@ -1,4 +1,5 @@
-"""SoRA (Ding et al., 2023): sparse low-rank adaptation (docs/maths.md#sora).
+"""SoRA (Ding et al., 2023): sparse low-rank adaptation (docs/maths.md#sora); :func:`build_sora`
+is its builder.
 
 Every adapted matrix is LoRA at rank ``r_max`` with a gate ``g`` on its ranks,
 ``Delta W = (alpha / r_max) B diag(g) A``. The gates train with the rest (in the optimizer's
@@ -26,8 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import SoRAConfig
+from ..config import RunConfig, SoRAConfig
 from .allocator import StepReport
+from .base import MethodHandle, ParamGroup, head_parameters
+from .building import adapter_params, fixed_rank, inject
 from .lora import LoRALinear
 
 
@@ -130,3 +133,21 @@ class GateSparsifier:
             raise ValueError("SoRA state was saved for different adapted matrices")
         self._last = state["last"]
 
+
+
+def build_sora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
+    so = cfg.sora  # docs/maths.md#sora
+    layers = inject(model, cfg, so.r_max, "sora.r_max",
+                    lambda lin: SoRALinear(lin, so.r_max, so.alpha, so.dropout))
+    modules = [layer for _, layer in layers]
+    gates = [layer.gate for layer in modules]
+    gate_ids = {id(g) for g in gates}
+    head = head_parameters(model)
+    rest = [p for p in [*adapter_params(layers), *head] if id(p) not in gate_ids]
+    # the gates have their own optimizer without weight decay in the authors' code
+    groups = [ParamGroup(rest), ParamGroup(gates, weight_decay=False)]
+    sparsifier = GateSparsifier(layers, so, total_steps) if total_steps is not None else None
+    return fixed_rank(model, cfg, layers, groups=groups, reg_weight=so.l1,
+                      regularizer=(lambda: gate_l1(modules)) if so.l1 > 0 else None,
+                      reg_name="gate_l1", allocator=sparsifier,
+                      after_step=sparsifier.step if sparsifier else None)

@@ -2,7 +2,8 @@
 
 A method is its module, its config section and one entry in ``methods/registry.py``; these
 tests fail when an entry names a section the config lacks, a builder that does not exist or
-builds another method, or when a consumer (sweep, report, export) keeps its own list.
+builds another method, a builder away from the module of its layer or a module that does not
+cite its maths, or when a consumer (sweep, report, export) keeps its own list.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ import dataclasses
 import importlib
 import inspect
 import json
+import pkgutil
+import re
 import subprocess
 import sys
 from fractions import Fraction
 
 import pytest
 
+import adalora_cli.methods
 from adalora_cli.config import ConfigError, RunConfig
-from adalora_cli.methods import apply as apply_module
 from adalora_cli.methods import apply_method
 from adalora_cli.methods.registry import (
     METHODS,
@@ -30,6 +33,7 @@ from adalora_cli.methods.registry import (
 )
 from tests.conftest import ROOT
 from tests.methods._tiny import run_config, tiny_bert
+from tests.test_docs_commands import anchors
 
 
 @pytest.mark.e2e
@@ -65,10 +69,64 @@ def test_each_entry_names_a_real_section_and_a_builder_of_itself(name):
     assert handle.name == name and bool(handle.trainable) == spec.trains
 
 
-def test_every_builder_in_apply_has_an_entry():
-    builders = {f"apply:{n}" for n, f in inspect.getmembers(apply_module, inspect.isfunction)
-                if n.startswith("build_")}
+def _method_modules() -> dict[str, object]:
+    return {m.name: importlib.import_module(f"adalora_cli.methods.{m.name}")
+            for m in pkgutil.iter_modules(adalora_cli.methods.__path__)}
+
+
+def test_every_builder_in_the_methods_has_an_entry():
+    """A ``build_*`` function defined anywhere in methods/ is some entry's builder, and every
+    entry's builder is defined in the module it names (not imported into it)."""
+    builders = {f"{name}:{n}" for name, module in _method_modules().items()
+                for n, f in inspect.getmembers(module, inspect.isfunction)
+                if n.startswith("build_") and f.__module__ == module.__name__}
     assert builders == {spec.builder for spec in METHODS.values()}
+
+
+def _builder_module(spec):
+    return importlib.import_module(f"adalora_cli.methods.{spec.builder.split(':')[0]}")
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_builder_lives_with_the_layer_it_wraps(name):
+    """One place per method: the module that defines the layer the builder wraps the model
+    with holds the builder too (rsLoRA and LoRA+ in lora.py, HAdapter and PAdapter in
+    adapters.py); a method without a layer (BitFit, full, none) has its own module."""
+    spec = METHODS[name]
+    module = _builder_module(spec)
+    handle = apply_method(tiny_bert(), run_config(name), None)
+    kinds = {type(layer) for _, layer in handle.layers}
+    if kinds:
+        assert {k.__module__ for k in kinds} == {module.__name__}, (spec.builder, kinds)
+    else:
+        assert module.__name__.rsplit(".", 1)[1] in (name, "full"), spec.builder
+
+
+MATHS = ROOT / "docs" / "maths.md"
+PAPER = re.compile(r"\([A-Z][\w-]+(?: et al\.)?, (?:19|20)\d\d[;)]|\bEq\. ?\(?\d|\bTable \d")
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_method_module_cites_its_maths_section_and_the_paper(name):
+    """The builder's module opens with the method's name as the tables print it, its paper
+    (an author-year citation, an equation or a table) and its section of docs/maths.md: the
+    method's own anchor where the page has one (docs/maths.md#dora), else one that exists."""
+    spec = METHODS[name]
+    doc = _builder_module(spec).__doc__
+    assert spec.title in doc, (spec.builder, spec.title)
+    assert PAPER.search(doc), spec.builder
+    cited = set(re.findall(r"docs/maths\.md#([\w-]+)", doc))
+    known = anchors(MATHS)
+    assert cited and cited <= known, (spec.builder, cited - known)
+    if name in known:
+        assert name in cited, (spec.builder, name)
+
+
+def test_the_maths_citation_check_is_real():
+    # the pattern is not vacuous: a docstring without a paper or an anchor fails it
+    assert PAPER.search("LoRA (Hu et al., 2022): h = W0 x") and PAPER.search("(Eq. 3)")
+    assert not PAPER.search("A layer around a frozen linear (docs/maths.md#methods).")
+    assert "no-such-anchor" not in anchors(MATHS) and "dora" in anchors(MATHS)
 
 
 def test_the_paper_row_order_and_titles():
