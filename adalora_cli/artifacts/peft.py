@@ -284,11 +284,19 @@ def write_peft(run_dir: Path, model: nn.Module, tokenizer: Any, cfg: RunConfig,
     heads = head_modules(model)
     targets = [path for path, _ in layers]
     config = base_config(cfg, model, summary, heads, targets, fan_in_fan_out(layers), base)
-    r0_params = sum(p.numel() for _, m in layers for p in m.adapter_parameters())
     tensors, entries = writer(run_dir, cfg, summary, layers)
     config.update(entries)
+    return save_adapter(out, model, layers, config, tensors, heads)
+
+
+def save_adapter(out: Path, model: nn.Module, layers: Layers, config: dict[str, Any],
+                 tensors: Tensors, heads: list[str]) -> dict[str, Any]:
+    """Write the adapter's ``tensors`` with the run's head, ``config`` as
+    ``adapter_config.json`` and a sequence classifier's ``base_config.json`` into ``out``;
+    returns what was written (``layers``: the run's adapted layers, for the count at r0)."""
+    r0_params = sum(p.numel() for _, m in layers for p in m.adapter_parameters())
     adapter_params = sum(t.numel() for t in tensors.values())
-    tensors.update(head_tensors(model, heads))
+    tensors = {**tensors, **head_tensors(model, heads)}
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_FILE),
               metadata={"format": "pt"})
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")

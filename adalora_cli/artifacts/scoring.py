@@ -137,7 +137,7 @@ def precision_record(summary: Summary, fmt: str) -> dict[str, Any]:
     dtype = "torch.bfloat16" if autocast == "bf16" else "torch.float16"
     ran_words = (f"{_WORDS[autocast]} on {device} (base weights in {base}, adapter and head "
                  "in fp32)")
-    if fmt == "peft" and base != "fp32":
+    if fmt != "merged" and base != "fp32":  # an adapter over the base the loader builds
         run_so = (f"load the base with dtype={dtype} and call the model under "
                   f"torch.autocast({device!r}, dtype={dtype})")
     else:  # a merged model is saved in fp32; an fp32 base stays fp32
