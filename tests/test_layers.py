@@ -2,7 +2,9 @@
 with ``ast`` so that lazy imports inside functions count too:
 
     errors -> config -> rundir, heatmap, threads, resources -> methods, tasks, tracking -> engine
-        -> artifacts -> sweep, report -> cli -> __main__
+        -> artifacts -> sweep, report -> tune -> cli -> __main__
+
+(tune searches over runs that the sweep's launchers start.)
 
 A unit may import itself and any unit of a lower layer, never one of its own layer or above,
 and no chain of imports may come back to where it started."""
@@ -23,6 +25,7 @@ LAYERS = [
     {"engine"},
     {"artifacts"},
     {"sweep", "report"},
+    {"tune"},
     {"cli"},
     {"__main__"},
 ]

@@ -15,7 +15,7 @@ import sys
 import typer
 
 from .. import threads
-from . import configs, doctor, export, predict, report, sweep, train
+from . import configs, doctor, export, predict, report, sweep, train, tune
 from . import eval as eval_command
 from .help import Command, Group
 
@@ -59,7 +59,8 @@ def main(
     threads.apply_defaults()  # before torch loads: OpenMP reads its settings once
 
 
-COMMANDS = {"train": train.train, "sweep": sweep.sweep, "report": report.report,
+COMMANDS = {"train": train.train, "sweep": sweep.sweep, "tune": tune.tune,
+            "report": report.report,
             "export": export.export, "eval": eval_command.eval_run, "predict": predict.predict,
             "doctor": doctor.doctor}
 """In the order ``adalora --help`` lists them."""

@@ -1,0 +1,1 @@
+"""``adalora tune``: a per-method search over config keys, trials as sweep runs."""
