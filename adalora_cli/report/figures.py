@@ -308,4 +308,8 @@ def write_figures(report: Report, out: Path) -> tuple[list[Path], list[str]]:
     paths = rank_heatmaps(report.runs, out, warnings)
     paths += budget_curves(report.tables, out)
     paths += orth_curves(report.runs, out, warnings)
+    if report.tunes:
+        from .tuning import lr_curves
+
+        paths += lr_curves(report.tunes, out)
     return paths, warnings

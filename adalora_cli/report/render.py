@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table as RichTable
 
+from . import tuning
 from .paper import ALL_AVE
 from .tables import Cell, Report, Row, Table, short_key
 
@@ -234,6 +235,8 @@ def render_markdown(report: Report) -> str:
         out.append("")
     headers, rows = _cost_grid(report)
     out += ["## Training cost (paper Table 9)", ""] + _md_table(headers, rows) + [""]
+    for tune in report.tunes:
+        out += ["## Tuning", "", tuning.markdown(tune)]
     return "\n".join(out)
 
 
@@ -352,6 +355,11 @@ def render_rich(report: Report, console: Console) -> None:
         if report.per_seed:
             console.print(_plain_table(f"{table.title}, per seed", *_seed_grid(table)))
     console.print(_plain_table("Training cost (paper Table 9)", *_cost_grid(report)))
+    for tune in report.tunes:
+        lines = tuning.rows(tune)
+        if lines:
+            console.print(_plain_table(tuning.title(tune), list(lines[0]),
+                                       [list(r.values()) for r in lines]))
 
 
 def _plain_table(title: str, headers: list[str], rows: list[list[str]]) -> RichTable:

@@ -28,6 +28,7 @@ from ..methods.registry import METHODS
 from ..tasks.columns import REPORTS
 from .paper import ALL_AVE, TRAINING_COST, published
 from .runs import Column, Run, load_runs, nested_runs
+from .tuning import Tune, read_tunes
 
 FAMILIES = {"glue": "GLUE (paper Table 1)", "squad": "SQuAD (paper Table 2)",
             "summarization": "Summarization (paper Table 3)", "other": "Other tasks"}
@@ -393,6 +394,9 @@ class Report:
     """The method every other one is compared with (``--against``)."""
     per_seed: bool = False
     """Show every seed's value beside the means (``--per-seed``)."""
+    tunes: list[Tune] = field(default_factory=list)
+    """The tunes (``adalora tune``) among the reported folders: their trials are left out
+    of the tables and said in a tuning table of their own."""
 
     @property
     def against_name(self) -> str:
@@ -425,6 +429,11 @@ def build_report(paths: list[Path], show_paper: bool = False,
                  eval_name: str | None = None, min_seeds: int = 1,
                  against: str = "lora", per_seed: bool = False) -> Report:
     runs, skipped = load_runs(paths, eval_name)
+    tunes, tune_notes = read_tunes(paths)
+    for tune in tunes:  # the search is not a result: its trials go to the tuning table
+        trials = tune.trial_dirs()
+        runs = [r for r in runs if r.path.resolve() not in trials]
+        skipped = [(p, why) for p, why in skipped if p.resolve() not in trials]
     inside = [f"{outer} is a run directory holding {n} other run{'s' * (n != 1)} in its "
               "folder; they are reported as runs of their own (keep a sweep's runs out of "
               "run directories: --sweep-dir)"
@@ -434,4 +443,5 @@ def build_report(paths: list[Path], show_paper: bool = False,
     runs, left_out = keep_min_seeds(runs, min_seeds)
     tables = build_tables(runs)
     return Report(tables, compare_against(tables, against), training_cost(runs), runs,
-                  skipped, inside + duplicates + left_out, show_paper, against, per_seed)
+                  skipped, tune_notes + inside + duplicates + left_out, show_paper, against,
+                  per_seed, tunes)

@@ -78,18 +78,21 @@ def distributions(cell: Cell) -> dict[str, Any]:
 
 
 def sampler_for(cell: Cell, spec: TuneSpec, number: int):
-    """The sampler that picks trial ``number``: seeded by the trial's number (above)."""
+    """The sampler that picks trial ``number``: seeded by the trial's number (above), the
+    grid by the manifest's seed alone."""
     opt = optuna()
     seed = int(spec.sampler.get("seed", 0)) + number
     name = spec.sampler["name"]
     if name == "grid":
+        # one seed for every trial: Optuna shuffles the grid by it and gives trial k the
+        # k-th point, so each point is tried once, in an order fixed by the seed alone
         class Grid(opt.samplers.GridSampler):
             # Optuna's grid stops an optimize() loop once every point was tried; here the
             # tune counts the trials itself (and has no such loop to stop)
             def after_trial(self, study, trial, state, values) -> None:
                 pass
         # the grid holds each range's points; the distribution, the range itself
-        return Grid(_grid(cell), seed=seed)
+        return Grid(_grid(cell), seed=int(spec.sampler.get("seed", 0)))
     if name == "random":
         return opt.samplers.RandomSampler(seed=seed)
     return opt.samplers.TPESampler(seed=seed, n_startup_trials=min(
