@@ -325,6 +325,37 @@ def test_the_number_of_manifests_is_the_code_s():
     assert [s for s in stated if s[1] != shipped] == []
 
 
+SWEEP_COUNT = re.compile(
+    r"adalora sweep (experiments/[\w-]+\.yaml)[^#\n]*#\s*(?:the plan: )?(\d[\d,]*) runs\b")
+
+
+def test_the_run_counts_beside_sweep_commands_are_the_plans(monkeypatch):
+    """``adalora sweep experiments/X.yaml   # 78 runs``: the manifest plans that many runs.
+    How many matrices a model has sizes each run, and a run's overrides make its config,
+    but neither changes how many runs there are: the count is taken without reading any
+    model's config (the hub's models are not here), each config file loaded once."""
+    from adalora_cli.sweep import plan as planning
+
+    loaded: dict = {}
+    real_load = planning.load_config
+
+    def load_once(config, overrides=None):
+        if str(config) not in loaded:
+            loaded[str(config)] = real_load(config, [o for o in overrides or []
+                                                     if o.startswith("method.")])
+        return loaded[str(config)]
+
+    monkeypatch.setattr(planning, "count_matrices", lambda *args, **kwargs: 72)
+    monkeypatch.setattr(planning, "load_config", load_once)
+    stated = [(_rel(doc), path, _number(n)) for doc in DOCS
+              for path, n in SWEEP_COUNT.findall(_text(doc))]
+    assert len(stated) >= 8
+    planned = {path: len(planning.plan(planning.build_spec(ROOT / path)))
+               for path in {p for _, p, _ in stated}}
+    assert [(doc, path, n, planned[path]) for doc, path, n in stated
+            if planned[path] != n] == []
+
+
 def test_the_gated_ffn_model_types_are_the_code_s():
     """Where the docs list the model types whose FFN has three matrices, the list is the
     types whose default targets hold a gate (Llama's gate_proj, mT5's wi_0)."""
