@@ -16,6 +16,7 @@ fails here, while placeholders such as ``RUN_DIR`` or ``$task`` cost nothing. On
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import os
 import re
@@ -260,8 +261,8 @@ def test_paths_named_in_the_docs_exist():
 
 
 # ---------------------------------------------------------------------------- claims the
-# code can check: file names, the lists of methods and tasks, the config keys, and the
-# add-a-method / add-a-task checklists
+# code can check: file names, the lists of methods and tasks, the config keys, the layout
+# and layer rule of CONTRIBUTING, and its checklists (a method, a task, a tracker, a command)
 
 def _section(doc: Path, heading: str) -> str:
     """The text of one ``## heading`` section (up to the next heading of that level)."""
@@ -352,18 +353,32 @@ def _repo_file(obj) -> str:
 
 def test_the_add_a_method_checklist_names_exactly_the_files_the_code_needs():
     """The code files it names are the method's module plus the files a method must be
-    written into: the layer base, the config sections, the registry and the PEFT writers;
-    and the code holds the promises: a section checks itself, a PEFT writer is keyed by
-    one of our layer classes, the README has a row."""
+    written into: the layer base, the builders' shared helpers, the config sections, the
+    registry and the PEFT writers, and the test that ties builders to their modules; and
+    the code holds the promises: each builder sits in the module the checklist says (its
+    own, or that of the layer it uses), a section checks itself, a PEFT writer is keyed
+    by one of our layer classes, the README has a row."""
     from adalora_cli.artifacts.peft import WRITERS, pick_writer
     from adalora_cli.config import RunConfig
     from adalora_cli.methods.base import LinearWrapper
+    from adalora_cli.methods.building import fixed_rank
     from adalora_cli.methods.registry import METHODS
+    from tests.methods.test_registry import test_a_builder_lives_with_the_layer_it_wraps
 
-    needed = {_repo_file(LinearWrapper), _repo_file(RunConfig),
+    needed = {_repo_file(LinearWrapper), _repo_file(fixed_rank), _repo_file(RunConfig),
               _repo_file(METHODS["lora"].size_label), _repo_file(pick_writer),
+              _repo_file(test_a_builder_lives_with_the_layer_it_wraps),
               "adalora_cli/methods/<name>.py", "tests/methods/"}
     assert _checklist_paths("Adding a method") == needed
+    text = _section(ROOT / "CONTRIBUTING.md", "Adding a method")
+    modules = {name: spec.builder.split(":")[0] for name, spec in METHODS.items()}
+    # the exceptions the checklist spells out, and the rule for every other method
+    assert "rsLoRA and LoRA+ in `lora.py`, HAdapter and PAdapter in\n     `adapters.py`" in text
+    assert "`none`, which add no layer at all, in `full.py`" in text
+    shared = {"rslora": "lora", "loraplus": "lora", "houlsby": "adapters",
+              "pfeiffer": "adapters", "none": "full"}
+    assert modules == {name: shared.get(name, name) for name in METHODS}
+    assert all(spec.builder.split(":")[1] == f"build_{name}" for name, spec in METHODS.items())
     readme = _section(ROOT / "README.md", "Methods")
     for name, spec in METHODS.items():
         if spec.section:
@@ -395,3 +410,137 @@ def test_the_add_a_task_checklist_names_exactly_the_files_the_code_needs():
         family = target.split(":")[0]
         assert (ROOT / "configs" / "smoke" / f"{family}.yaml").is_file(), family
         assert family in PREDICT_INPUT, family
+
+
+def test_the_add_a_tracker_checklist_names_exactly_the_files_the_code_needs():
+    """The code files it names are the sink module plus the files a tracker is written
+    into: the Sink base, the tracker table's config.py and the tracker tests; and every
+    tracker of the table is what step 1 says (a ``<name>_sink.py`` module with a Sink of
+    that name, PACKAGES and open_sink), with its extra in the ``tracking`` extra and its
+    name in the ``log`` keys of docs/tracking.md."""
+    from adalora_cli.config import TRACKER_SINKS, LogConfig
+    from adalora_cli.tracking.base import Sink
+
+    assert (ROOT / "tests" / "tracking").is_dir()
+    needed = {_repo_file(Sink), _repo_file(LogConfig), "adalora_cli/tracking/<name>_sink.py",
+              "tests/tracking/"}
+    assert _checklist_paths("Adding a tracker") == needed
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    (tracking_extra,) = re.findall(r"^tracking = \[(.*)\]$", pyproject, flags=re.M)
+    keys = (ROOT / "docs" / "tracking.md").read_text(encoding="utf-8")
+    (listed,) = re.findall(r"`to` \(any of ([a-z ]+)\)", keys)
+    assert listed.split() == list(TRACKER_SINKS)
+    for name, module_name in TRACKER_SINKS.items():
+        assert module_name == f"{name}_sink", name
+        module = importlib.import_module(f"adalora_cli.tracking.{module_name}")
+        sinks = [v for v in vars(module).values()
+                 if isinstance(v, type) and issubclass(v, Sink) and v is not Sink]
+        assert [s.name for s in sinks] == [name]
+        assert module.PACKAGES and callable(module.open_sink), name
+        assert re.search(rf"^{name} = \[", pyproject, flags=re.M), name
+        assert name in tracking_extra, name
+
+
+def _registered_commands() -> dict[str, object]:
+    """Every command and group ``adalora`` has, by name, with the module that defines it."""
+    from adalora_cli.cli import app
+
+    found = {c.name: c.callback.__module__ for c in app.registered_commands}
+    for group in app.registered_groups:
+        callbacks = [c.callback for c in group.typer_instance.registered_commands]
+        (module,) = {c.__module__ for c in callbacks}
+        found[group.name] = module
+    return found
+
+
+def test_the_add_a_command_checklist_names_exactly_the_files_the_code_needs():
+    """The code files it names are the command's module plus the files a command is written
+    into: the error boundary, the command table and the help tests; and the code holds the
+    promises: every module of cli/ but the boundary and the help notation is a registered
+    command (or group), every command's help names a Docs page, and that page runs the
+    command in a fenced block."""
+    from adalora_cli import cli
+    from adalora_cli.cli import boundary
+    from tests.cli.test_help import test_examples_parse_and_the_page_exists as help_test
+
+    needed = {_repo_file(boundary), _repo_file(cli), _repo_file(help_test),
+              _repo_file(fenced_commands), "adalora_cli/cli/<command>.py",
+              str(Path(_repo_file(help_test)).parent) + "/"}
+    assert _checklist_paths("Adding a command") == needed
+    registered = _registered_commands()
+    modules = {f"adalora_cli.cli.{p.stem}" for p in (ROOT / "adalora_cli" / "cli").glob("*.py")
+               if p.stem not in ("__init__", "boundary", "help")}
+    assert sorted(modules - set(registered.values())) == [], "register these in cli/__init__"
+    assert set(registered) >= set(cli.COMMANDS)
+    for name in registered:
+        result = runner.invoke(app, [name, "--help"])
+        (page,) = re.findall(r"Docs: (docs/[\w-]+\.md)", result.output)
+        assert (ROOT / page).is_file(), (name, page)
+        commands = fenced_commands((ROOT / page).read_text(encoding="utf-8"))
+        assert any(argv(c)[:1] == [name] for _, c in commands), (name, page)
+
+
+# ---------------------------------------------------------------------------- the layout
+
+
+def _layout_entries() -> list[tuple[str, str]]:
+    """(folder or file, what the listing says of it) for each entry of CONTRIBUTING's
+    layout block: ``adalora_cli/<unit>`` for the package's entries, the name itself for
+    the top-level folders."""
+    text = _section(ROOT / "CONTRIBUTING.md", "Layout")
+    block = text.split("```text\n", 1)[1].split("```", 1)[0]
+    entries: list[list[str]] = []
+    for line in block.splitlines():
+        if line.startswith("   ") and entries:  # a description carried on
+            entries[-1][1] += " " + line.strip()
+            continue
+        name, _, rest = line.strip().partition(" ")
+        if name == "adalora_cli/":
+            continue
+        entries.append([f"adalora_cli/{name}" if line.startswith("  ") else name, rest])
+    return [(name, rest) for name, rest in entries]
+
+
+def test_the_layout_names_every_module_and_nothing_else():
+    """Every module of the package is named under its folder (a nested one by its path
+    there, ``harness_tasks/...``), every unit and top-level module has an entry, and every
+    file named exists; for benchmarks/ and scripts/ the same, file by file."""
+    entries = dict(_layout_entries())
+    package = ROOT / "adalora_cli"
+    units = {f"adalora_cli/{p.name}" + ("/" if p.is_dir() else "")
+             for p in package.iterdir()
+             if (p.is_dir() and (p / "__init__.py").is_file())
+             or (p.suffix == ".py" and p.name != "__init__.py")}
+    listed = {name for name in entries if name.startswith("adalora_cli/")}
+    assert sorted(units - listed) == [], "give these an entry in CONTRIBUTING's layout"
+    assert sorted(listed - units) == [], "the layout names these, which do not exist"
+    folders = [n for n in entries if n.endswith("/")]
+    for folder in folders:
+        where = ROOT / folder
+        assert where.is_dir(), folder
+        named = set(re.findall(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.(?:py|sh))\b",
+                               entries[folder]))
+        missing = sorted(n for n in named if not (where / n).is_file())
+        assert missing == [], (folder, missing)
+        if folder.startswith("adalora_cli/") or folder in ("benchmarks/", "scripts/"):
+            files = {str(p.relative_to(where)) for p in where.rglob("*")
+                     if p.suffix in (".py", ".sh") and p.name != "__init__.py"
+                     and "__pycache__" not in p.parts}
+            assert sorted(files - named) == [], (folder, "name these in the layout")
+
+
+def test_the_layout_parse_reads_each_entry_whole():
+    # the check above is not vacuous: an entry is read over all its carried lines
+    entries = dict(_layout_entries())
+    assert {"apply.py", "building.py", "full.py"} <= set(
+        re.findall(r"([\w]+\.py)", entries["adalora_cli/methods/"]))
+    assert "adalora_cli/errors.py" in entries and "benchmarks/" in entries
+
+
+def test_the_layer_rule_diagram_follows_the_layer_test():
+    from tests.test_layers import LAYERS
+
+    text = _section(ROOT / "CONTRIBUTING.md", "The layer rule")
+    diagram = text.split("```text\n", 1)[1].split("```", 1)[0]
+    drawn = [set(re.findall(r"\w+", layer)) for layer in diagram.split("->")]
+    assert drawn == [layer for layer in LAYERS if layer != {"__main__"}]
