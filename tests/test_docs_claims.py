@@ -119,9 +119,12 @@ def test_the_readme_shows_every_command():
     assert shown == set(_cli().commands)
 
 
-# Flags of other tools that the docs explain beside ours (sbatch, torchrun, pip, accelerate).
+# Flags of other tools that the docs explain beside ours (sbatch, torchrun, pip, accelerate,
+# vLLM, llama.cpp).
 OTHER_TOOLS_FLAGS = {"--array", "--requeue", "--signal", "--nproc_per_node", "--standalone",
-                     "--index-url", "--no-deps", "--fp16", "--mixed_precision"}
+                     "--index-url", "--no-deps", "--fp16", "--mixed_precision",
+                     "--enable-lora", "--max-lora-rank", "--lora-modules", "--lora",
+                     "--lora-scaled", "--outfile", "--base"}
 
 
 def _all_our_flags() -> set[str]:
