@@ -15,6 +15,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import peft
@@ -280,10 +283,13 @@ def test_an_adalora_run_exports_as_plain_lora_through_the_cli(pruned_run, tmp_pa
     ours, _, _ = load_run(run)
     want_logits = _outputs(ours.eval(), batch)
     base_config = tmp_path / "lora" / "base_config.json"
-    theirs = peft.PeftModel.from_pretrained(
-        AutoModelForSequenceClassification.from_pretrained(FIXTURES / "tiny-bert",
-                                                           num_labels=2),
-        tmp_path / "lora").eval()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        theirs = peft.PeftModel.from_pretrained(
+            AutoModelForSequenceClassification.from_pretrained(FIXTURES / "tiny-bert",
+                                                               num_labels=2),
+            tmp_path / "lora").eval()
+    assert not [w for w in seen if "pattern" in str(w.message)]  # every key names a module
     assert base_config.is_file()
     got = _outputs(theirs, batch)
     with theirs.disable_adapter():
@@ -322,3 +328,28 @@ def test_a_run_pruned_to_nothing_is_refused(pruned_run, tmp_path):
     assert len(result.output.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     shutil.rmtree(run)
+
+
+def test_the_documented_alpha_of_0_is_what_the_gguf_tool_writes(tmp_path):
+    """docs/using-a-run.md sets a converted adapter's alpha to 0 with `gguf-set-metadata`
+    (llama.cpp then applies the folded factors at scale 1): run that step on an adapter GGUF
+    written as llama.cpp's converter writes one, and read the alpha back."""
+    import gguf  # the gguf extra, which make install installs
+    docs = (ROOT / "docs" / "using-a-run.md").read_text()
+    (line,) = [x for x in docs.splitlines() if x.startswith("gguf-set-metadata ")]
+    _, file, key, value, *flags = line.split()
+    path = tmp_path / file
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 16.0)
+    writer.add_tensor("blk.0.attn_q.weight.lora_a", torch.ones(2, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert key == gguf.Keys.Adapter.LORA_ALPHA
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_set_metadata", str(path), key,
+                    value, *flags], check=True, capture_output=True)
+    field = gguf.GGUFReader(str(path)).get_field(key)
+    assert float(field.parts[field.data[0]][0]) == 0.0
