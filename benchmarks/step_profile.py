@@ -153,6 +153,20 @@ def _folded(model, handle) -> None:
         layer.forward = types.MethodType(forward, layer)
 
 
+def _plain_eq3(model, handle) -> None:
+    """Eq. 3 as SVDLinear computed it before ``scaled_rank`` (6c045bc): autograd's own
+    multiply by the fp32 ``lam``, with the casts autocast adds around it. The same numbers
+    (tests/methods/test_scaled_rank.py); what the one autograd function saves, timed."""
+    import types
+
+    def forward(self, x):
+        z = (self.dropout(x) @ self.Q.T) * self.lam  # (..., r0), fp32 under autocast
+        return self.base(x) + (z @ self.P.T) * self.scaling
+
+    for _, layer in handle.layers:
+        layer.forward = types.MethodType(forward, layer)
+
+
 def _lam_cast(model, handle, scaled: bool = False) -> None:
     """Eq. 3 with ``lam`` (r0 entries) cast to the activations' dtype instead of the
     (batch, tokens, r0) activations to fp32 and back, which autocast's bf16 matmuls force
@@ -205,6 +219,7 @@ VARIANTS = {"adalora-autograd-reg": ("adalora", _autograd_regularizer, False),
             "adalora-noreg": ("adalora", _no_regularizer, False),
             "adalora-noalloc": ("adalora", _no_allocator, False),
             "adalora-folded": ("adalora", _folded, False),
+            "adalora-plain-eq3": ("adalora", _plain_eq3, False),
             "adalora-lamcast": ("adalora", _lam_cast, False),
             "adalora-lamcast-scaled": ("adalora",
                                        lambda m, h: _lam_cast(m, h, scaled=True), False),
@@ -212,8 +227,9 @@ VARIANTS = {"adalora-autograd-reg": ("adalora", _autograd_regularizer, False),
             "lora-compiled": ("lora", _compiled, False)}
 """What each part of AdaLoRA's step costs: the regularizer's gradient through autograd
 instead of in closed form, torch's default AdamW instead of the fused one (LoRA's too), the
-step without the regularizer (Eq. 4) or the allocator's after-step (Eqs. 8-11), and Eq. 3's
-diagonal folded into Q, or ``lam`` cast to the activations' dtype (with or without the
+step without the regularizer (Eq. 4) or the allocator's after-step (Eqs. 8-11), Eq. 3's
+``lam`` product as autograd's plain multiply (before its autograd function), its diagonal
+folded into Q, or ``lam`` cast to the activations' dtype (with or without the
 scaling folded into it); and either method with its model compiled under CUDA graphs."""
 
 

@@ -83,3 +83,31 @@ def test_an_unknown_variant_is_one_line_before_any_model_is_built():
     assert done.returncode == 2
     assert "--variants: unknown nope" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
+def test_plain_eq3_variant_is_svd_linear_before_its_autograd_function(amp):
+    """The variant step_profile.py times against SVDLinear: the same bits, under autocast
+    by another road (tests/methods/test_scaled_rank.py counts the operations each takes)."""
+    layer, twin = _pair(2)
+    step_profile._plain_eq3(None, types.SimpleNamespace(layers=[("m", twin)]))
+    x = torch.randn(2, 3, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        out, grads = _run(layer, x)
+        out2, grads2 = _run(twin, x)
+    assert out.dtype == (torch.bfloat16 if amp else torch.float32)
+    assert torch.equal(out2, out) and all(torch.equal(a, b) for a, b in zip(grads2, grads))
+    # by another road under autocast: the variant has no ScaledRank node in its graph
+    assert ("ScaledRankBackward" in _nodes(out)) == amp
+    assert "ScaledRankBackward" not in _nodes(out2)
+
+
+def _nodes(out: torch.Tensor) -> set[str]:
+    """Names of the autograd nodes behind ``out``."""
+    seen, todo = {}, [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and id(node) not in seen:
+            seen[id(node)] = type(node).__name__
+            todo.extend(n for n, _ in node.next_functions)
+    return set(seen.values())
