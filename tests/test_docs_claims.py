@@ -282,6 +282,17 @@ def test_doc_anchors_cited_in_code_and_manifests_resolve():
     assert broken == []
 
 
+def test_the_exit_code_table_is_the_code_s():
+    """docs/training.md's exit codes are the ``EXIT_*`` codes of adalora_cli/errors.py (and
+    0), each once."""
+    from adalora_cli import errors
+
+    codes = {v for k, v in vars(errors).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    section = _section(_text(ROOT / "docs" / "training.md"), "Exit codes")
+    table = [int(m) for m in re.findall(r"^\|\s*(\d+)\s*\|", section, flags=re.M)]
+    assert sorted(table) == sorted({0, *codes})
+
+
 # ---------------------------------------------------------------------- counts
 
 WORDS = {w: n for n, w in enumerate(
