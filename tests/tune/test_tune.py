@@ -1,0 +1,168 @@
+"""adalora tune on the smoke config: a full search completes with the values the trials
+scored, a tune killed in the middle of a trial continues to the same study and choices, a
+diverging trial ends pruned, and bad manifests are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from adalora_cli.cli import app
+from adalora_cli.config import load_config
+from adalora_cli.rundir.run import RunDir, is_finished
+from adalora_cli.tune.study import optuna
+
+from .conftest import InProcess, manifest, tune
+
+GRID = [0.001, 0.00464, 0.0215, 0.1]  # 4 points, evenly in log space, 1e-3..1e-1
+CELLS = ["glue-adalora-b16", "glue-lora-b16", "glue-loraplus-b16"]
+
+
+def record(where: Path) -> dict:
+    return json.loads((where / "tune.json").read_text())
+
+
+def heldout_accuracy(run: Path) -> float:
+    return json.loads((run / "summary.json").read_text())["metrics"]["heldout"]["accuracy"]
+
+
+def test_a_smoke_tune_completes(smoke_tune):
+    where, launcher, output = smoke_tune
+    data = record(where)
+    assert [c["name"] for c in data["cells"]] == CELLS
+    for cell in data["cells"]:
+        trials = cell["trials"]
+        # each grid point tried once, every trial told the score its run directory holds
+        assert sorted(t["params"]["train.learning_rate"] for t in trials) == GRID
+        for t in trials:
+            run = where / t["run"]
+            assert t["state"] == "complete" and is_finished(run)
+            assert t["value"] == heldout_accuracy(run)
+            cfg = load_config(run / "config.yaml")
+            assert cfg.train.learning_rate == t["params"]["train.learning_rate"]
+            assert cfg.task.holdout == 16 and cfg.tune.trial == t["number"]
+            info = json.loads((run / "summary.json").read_text())["data"]
+            assert (info["train_examples"], info["heldout_examples"]) == (48, 16)
+        # the choice: the best held-out accuracy, the earliest trial among equals
+        best = max(trials, key=lambda t: (t["value"], -t["number"]))
+        assert cell["chosen"]["params"] == best["params"]
+        # ... run on the manifest's seed as an ordinary run on the whole training split
+        seed_run = where / f"{cell['name']}-tuned-s0"
+        assert is_finished(seed_run)
+        cfg = load_config(seed_run / "config.yaml")
+        assert cfg.train.learning_rate == best["params"]["train.learning_rate"]
+        assert cfg.task.holdout is None and cfg.tune.study is None
+    assert len(launcher.trained) == 12 + 3  # nothing trained twice
+    assert "glue-lora-b16: chose train.learning_rate=" in output
+
+
+def test_the_report_shows_the_search_apart_from_the_results(smoke_tune, tmp_path):
+    where, _, _ = smoke_tune
+    result = CliRunner().invoke(app, ["report", str(where), "--format", "markdown",
+                                      "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "rep" / "report.md").read_text()
+    results, tuning = text.split("## Tuning")
+    assert "(1) |" in results and "(4) |" not in results  # seed runs only, no trial pooled
+    assert "16 training rows held out by row hash" in tuning
+    assert tuning.count("| 4/4 | 0 |") == 3  # trials run, pruned
+    assert (tmp_path / "rep" / "figures" / "tune_lr_tune_smoke-glue-b16.png").is_file()
+
+
+def _study(where: Path, cell: str) -> list[tuple]:
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(where / "tune" / f"{cell}.journal")))
+    study = optuna().load_study(study_name=cell, storage=storage)
+    return [(t.number, t.state.name, t.params, t.value, dict(t.intermediate_values))
+            for t in study.trials]
+
+
+@pytest.mark.e2e
+def test_a_tune_killed_mid_trial_continues_to_the_same_study(smoke_tune, tmp_path, in_repo):
+    reference, _, _ = smoke_tune
+    path = manifest(tmp_path, seeds=[0], runs0={"methods": ["lora"]})
+    where = tmp_path / "sweep"
+    pid = os.fork()
+    if pid == 0:  # the tune, killed (SIGKILL, with its trial) at the first trial's step 6
+        code = 1
+        try:
+            os.environ["ADALORA_FAULT"] = "kill@step=6"
+            code = tune(path, where, InProcess(), "train.save_every=4")[0]
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == -9
+    first = where / "glue-lora-b16-t000"
+    assert RunDir.read_status(first)["status"] == "running"  # its owner died with it
+    assert [s[1] for s in _study(where, "glue-lora-b16")] == ["RUNNING"]
+    launcher = InProcess()
+    code, output = tune(path, where, launcher, "train.save_every=4")
+    assert code == 0, output
+    # the killed trial was resumed, not sampled again; nothing else trained twice
+    assert launcher.trained[0] == first.name and len(launcher.trained) == 4 + 1
+    assert json.loads((first / "summary.json").read_text())["attempts"] == 2
+    assert _study(where, "glue-lora-b16") == _study(reference, "glue-lora-b16")
+    assert record(where)["cells"][0]["chosen"] == next(
+        c for c in record(reference)["cells"] if c["name"] == "glue-lora-b16")["chosen"]
+
+
+def test_a_diverging_trial_is_pruned_and_says_so(tmp_path, in_repo):
+    path = manifest(tmp_path, seeds=[0], pruner={"name": "none"}, runs0={
+        "methods": ["lora"], "search": {"train.learning_rate": {"values": [0.01, 10000.0]}}})
+    code, output = tune(path, tmp_path / "sweep")
+    assert code == 0, output
+    trials = {t["params"]["train.learning_rate"]: t for t in record(tmp_path / "sweep")[
+        "cells"][0]["trials"]}
+    assert trials[10000.0]["state"] == "pruned" and trials[0.01]["state"] == "complete"
+    status = RunDir.read_status(tmp_path / "sweep" / trials[10000.0]["run"])
+    assert status["status"] == "pruned" and "diverged" in status["reason"]
+    assert status["step"] == 3  # the step whose loss became nan, as the run's log said
+    assert not (tmp_path / "sweep" / trials[10000.0]["run"] / "summary.json").exists()
+    assert record(tmp_path / "sweep")["cells"][0]["chosen"]["params"] == {
+        "train.learning_rate": 0.01}
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"runs0": {"search": {"train.learning_rate": {"low": 0.01, "high": 0.01}}}},
+     "range 0.01..0.01 is empty"),
+    ({"runs0": {"search": {"train.learning_rate": {"low": 0.1, "high": 0.001}}}},
+     "range 0.1..0.001 is inverted"),
+    ({"runs0": {"search": {"train.learning_rte": {"values": [0.01]}}}},
+     "search.train.learning_rte is not a config key"),
+    ({"sampler": {"name": "anneal"}}, "unknown sampler 'anneal'"),
+    ({"pruner": {"name": "hyperband"}}, "unknown pruner 'hyperband'"),
+    ({"holdout": 64}, "task.holdout=64 holds out at least the whole training split (64 rows"),
+    ({"runs0": {"methods": ["lora"], "search": {"sora.l1": {"values": [1.0, 10.0]}}}},
+     "method lora does not read sora.l1"),
+])
+def test_bad_manifests_are_one_line_and_exit_2(tmp_path, in_repo, changes, words):
+    path = manifest(tmp_path, **changes)
+    where = tmp_path / "sweep"
+    result = CliRunner().invoke(app, ["tune", str(path), "--sweep-dir", str(where)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+    assert not where.exists()  # refused before anything was written
+
+
+def test_the_held_out_rows_do_not_depend_on_the_file_order():
+    import datasets
+
+    from adalora_cli.tasks.data import carve_holdout, row_key
+
+    rows = [{"sentence": f"row {i}", "label": i % 2} for i in range(20)]
+    a = carve_holdout({"train": datasets.Dataset.from_list(rows)}, 5, "here")
+    b = carve_holdout({"train": datasets.Dataset.from_list(rows[::-1])}, 5, "here")
+    held = sorted(r["sentence"] for r in a["heldout"])
+    assert held == sorted(r["sentence"] for r in b["heldout"])
+    # the five rows of lowest sha256, computed here independently
+    assert held == sorted(r["sentence"] for r in sorted(rows, key=row_key)[:5])
+    assert len(a["train"]) == 15 and not set(held) & {r["sentence"] for r in a["train"]}
+    assert math.isclose(len(a["heldout"]) / 20, 0.25)
