@@ -43,6 +43,7 @@ def measure(mode: str, steps: int) -> dict:
 
     from adalora_cli.config import load_config
     from adalora_cli.engine.build import load_model, resolve_resources
+    from adalora_cli.engine.precision import decide
     from adalora_cli.engine.split import LengthSplit
     from adalora_cli.engine.step import Stepper
     from adalora_cli.methods import apply_method
@@ -63,7 +64,7 @@ def measure(mode: str, steps: int) -> dict:
 
         torch._dynamo.config.cache_size_limit = 256  # one entry per piece shape
         model = torch.compile(model)
-    stepper = Stepper.build(model, handle, cfg.train, 360, torch.device("cpu"))
+    stepper = Stepper.build(model, handle, cfg.train, 360, decide(cfg, torch.device("cpu")))
     times = []
     for t, pieces in enumerate(batches, 1):
         start = time.perf_counter()

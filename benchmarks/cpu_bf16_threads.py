@@ -110,7 +110,7 @@ def main() -> None:
         parser.error(f"--threads {args.threads!r}: give whole numbers, e.g. 1,2,4")
     if not counts or min(counts) < 1:
         parser.error(f"--threads {args.threads!r}: give thread counts of 1 or more")
-    from adalora_cli.engine.build import cpu_bf16_native
+    from adalora_cli.engine.precision import cpu_bf16_native
 
     policy = os.environ.get("OMP_WAIT_POLICY", "ACTIVE")
     with tempfile.TemporaryDirectory(prefix="bf16-threads-") as tmp:

@@ -155,6 +155,7 @@ def _resident(rank: int, world: int, init: str, job: dict, q) -> None:
 
 def _train(rank: int, world: int, init: str, job: dict, q) -> None:
     from adalora_cli.engine.distributed import World, shard
+    from adalora_cli.engine.precision import decide
     from adalora_cli.engine.step import Stepper
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # as --nproc does
@@ -162,7 +163,8 @@ def _train(rank: int, world: int, init: str, job: dict, q) -> None:
     model, handle = _sharded(rank, world, init, job["layers"], job["hidden"])
     params = sum(p.numel() for p in model.parameters())
     steps, n, seq = job["steps"], job["batch"], job["seq"]
-    stepper = Stepper.build(model, handle, _config().train, steps, torch.device("cpu"))
+    cfg = _config()
+    stepper = Stepper.build(model, handle, cfg.train, steps, decide(cfg, torch.device("cpu")))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 30000, (steps, n, seq), generator=g)
     labels = torch.randint(0, 2, (steps, n), generator=g)

@@ -39,6 +39,7 @@ import torch
 
 from adalora_cli.config import load_config
 from adalora_cli.engine.build import load_model, resolve_resources
+from adalora_cli.engine.precision import decide
 from adalora_cli.engine.split import LengthSplit
 from adalora_cli.engine.step import Stepper
 from adalora_cli.methods import apply_method
@@ -90,7 +91,7 @@ def make_stepper(method: str, rank: int, total: int, batch: dict | list,
         model = torch.nn.parallel.DistributedDataParallel(model)
     # the training loop's own step, built as the loop builds it: forward+backward, clip,
     # AdamW, lr step, after-step
-    stepper = Stepper.build(model, handle, cfg.train, total, device)
+    stepper = Stepper.build(model, handle, cfg.train, total, decide(cfg, device))
     state = {"t": 0}
     pieces = batch if isinstance(batch, list) else [(batch, 1.0)]
     move = None if device.type == "cpu" else device

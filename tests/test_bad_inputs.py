@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, RunConfig, load_config
-from adalora_cli.engine import build
+from adalora_cli.engine import precision as precision_module
 from tests.conftest import ROOT, copy_of
 
 SMOKE = "configs/smoke/glue.yaml"
@@ -93,7 +93,7 @@ def test_an_fp16_base_on_a_cpu_is_refused_before_the_run(tmp_path, monkeypatch, 
                                                          native):
     """``auto`` is bf16 on a CPU with native bf16 (made so here, whatever this CPU has), and
     the CPU's kernels refuse an fp16 weight beside bf16 activations."""
-    monkeypatch.setattr(build, "cpu_bf16_native", lambda: native)
+    monkeypatch.setattr(precision_module, "cpu_bf16_native", lambda: native)
     line = refused("train", SMOKE, *SHORT, "model.base_dtype=fp16",
                    f"train.precision={precision}", "train.device=cpu",
                    "--run-dir", tmp_path / "run", "--quiet")

@@ -104,6 +104,7 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None,
             name: str | None = None, quiet: bool = False) -> Path:
     """Evaluate a finished run; returns the path of ``eval/<name>.json``."""
     from ..engine.build import pick_device
+    from ..engine.precision import requested
     from ..engine.progress import PhaseLines, phase_seconds
     from ..errors import warning
     from ..tasks import get_task
@@ -116,7 +117,7 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None,
     check_overrides(overrides)
     cfg = eval_config(run_dir, overrides)
     label = eval_name(cfg, overrides, name)
-    asked = cfg.train.precision if any(
+    asked = requested(cfg) if any(
         o.partition("=")[0].strip() == "train.precision" for o in overrides) else None
     scoring = choose(cfg, summary, pick_device(cfg.train.device), asked,
                      lambda value: f"train.precision={value}")

@@ -43,13 +43,13 @@ class Scoring:
 
     @property
     def autocast(self) -> Callable[[], Any]:
-        from ..engine.build import autocast_factory
+        from ..engine.precision import Precision
 
-        return autocast_factory(self.precision, self.device)[0]
+        return Precision(self.precision, self.device, self.precision).context()
 
     def record(self) -> dict[str, Any]:
         """For ``eval/<name>.json``: what the scores were computed with."""
-        from ..engine.build import dtype_name
+        from ..engine.precision import dtype_name
 
         return {"device": str(self.device), "autocast": self.precision,
                 "base_dtype": dtype_name(self.base_dtype), "as_run": self.as_run}
@@ -80,16 +80,12 @@ def ran_with(cfg: RunConfig, summary: Summary, device: torch.device) -> tuple[st
     """(autocast, base dtype) the run's scores came from, in the config's words: as its
     summary records them, else (a run older than that record) as its config resolves on
     ``device``."""
-    from ..engine.build import base_dtype, dtype_name, resolve_precision
+    from ..engine.precision import as_configured
 
     ran = summary.precision or {}
     if ran.get("autocast") in _WORDS and ran.get("base_dtype") in _WORDS:
         return ran["autocast"], ran["base_dtype"]
-    try:
-        base = dtype_name(base_dtype(cfg, device))
-    except ConfigError:  # a half base this device cannot run
-        base = "fp32"
-    return resolve_precision(cfg.train.precision, device), base
+    return as_configured(cfg, device)
 
 
 def choose(cfg: RunConfig, summary: Summary, device: torch.device, asked: str | None,
@@ -97,10 +93,10 @@ def choose(cfg: RunConfig, summary: Summary, device: torch.device, asked: str | 
     """The scoring of a finished run on ``device``: the run's own precision, or ``asked``
     (a ``train.precision`` value) when given. ``option(value)`` writes the setting as the
     user would (``--precision fp32``, ``train.precision=fp32``) for the line."""
-    from ..engine.build import cpu_bf16_native, resolve_precision
+    from ..engine.precision import cpu_bf16_native, resolve
 
     ran, ran_base = ran_with(cfg, summary, device)
-    precision = resolve_precision(asked or ran, device)
+    precision = resolve(asked or ran, device)
     # a half-precision base only where the run had one under this same autocast
     base = ran_base if precision == ran and precision != "fp32" else "fp32"
     as_run = precision == ran and base == ran_base

@@ -106,7 +106,7 @@ def no_cuda_reason(torch) -> tuple[str, str]:
 
 
 def _gpus(torch) -> list[tuple[str, str]]:
-    from ..engine.build import bf16_native
+    from ..engine.precision import bf16_native
 
     if not torch.cuda.is_available():
         reason, fix = no_cuda_reason(torch)
@@ -122,7 +122,7 @@ def _gpus(torch) -> list[tuple[str, str]]:
 
 
 def _cpu(torch) -> str:
-    from ..engine.build import cpu_bf16_native
+    from ..engine.precision import cpu_bf16_native
 
     bf16 = "bf16 native (AVX-512 BF16 or AMX)" if cpu_bf16_native() else \
         "no native bf16 (emulated: slow)"
@@ -130,10 +130,10 @@ def _cpu(torch) -> str:
 
 
 def _auto_precision(torch) -> str:
-    from ..engine.build import resolve_precision
+    from ..engine.precision import resolve
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return (f"train.precision=auto runs {resolve_precision('auto', device)} on {device}; "
+    return (f"train.precision=auto runs {resolve('auto', device)} on {device}; "
             "the paper's runs were fp32 (docs/reproducing.md#which-precision)")
 
 
@@ -192,7 +192,8 @@ def _hub() -> list[tuple[str, str]]:
 def _run(torch, config: str, overrides: list[str]) -> str:
     """Where ``config`` would train here; a CUDA device that is not there is a ConfigError."""
     from ..config import ConfigError, load_config
-    from ..engine.build import pick_device, resolve_precision
+    from ..engine.build import pick_device
+    from ..engine.precision import requested, resolve
 
     cfg = load_config(config, overrides)
     asked = cfg.train.device
@@ -203,6 +204,6 @@ def _run(torch, config: str, overrides: list[str]) -> str:
     device = pick_device(asked)  # a cuda:N beyond the visible ones: refused here
     if asked == "auto" and device.type == "cpu":
         note(f"{config} would train on the CPU: {no_cuda_reason(torch)[0]}")
-    precision = resolve_precision(cfg.train.precision, device)
+    words = requested(cfg)
     return (f"{config}: {cfg.model.name_or_path} on {device} (train.device={asked}) in "
-            f"{precision} (train.precision={cfg.train.precision})")
+            f"{resolve(words, device)} (train.precision={words})")

@@ -31,6 +31,7 @@ from ..tasks import get_task, gguf
 from ..tasks.base import Task, TaskData
 from . import selection, sharding
 from .distributed import World
+from .precision import Precision, decide
 from .schedule import total_steps
 from .weightless import weightless_loading
 
@@ -58,7 +59,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
@@ -84,94 +84,6 @@ def pick_device(name: str, setting: str = "train.device") -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{said(name)} but MPS is not available; use {said('cpu')}")
     return device
-
-
-def bf16_native(device: torch.device) -> bool:
-    """Whether the GPU computes bf16 in hardware: compute capability 8.0 or higher (A100,
-    A10, L4, RTX 30xx/40xx, H100), or any ROCm GPU. Not ``torch.cuda.is_bf16_supported()``:
-    it also says True on V100 and T4 (7.x), where bf16 is only emulated, without tensor
-    cores and far slower than fp16."""
-    if torch.version.hip:
-        return True
-    return torch.cuda.get_device_capability(device)[0] >= 8
-
-
-def cpu_bf16_native() -> bool:
-    """Whether this CPU computes bf16 in hardware: AVX-512 BF16 or AMX tiles (Intel Cooper
-    Lake, Sapphire Rapids and later; AMD Zen 4 and later), as torch's oneDNN dispatch reads
-    them from CPUID. Elsewhere bf16 autocast converts in software, many times slower than fp32."""
-    cpu = torch.cpu
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    if all(hasattr(cpu, name) for name in checks):
-        return any(getattr(cpu, name)() for name in checks)
-    try:  # an older or newer torch without those helpers: the kernel's flags say the same
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """The autocast precision a run gets from ``train.precision``.
-
-    CUDA: ``auto`` is bf16 where the GPU runs it natively and fp16 with loss scaling
-    elsewhere. CPU: ``bf16`` autocasts to bf16 (docs/training.md#precision); ``auto`` does
-    too where the CPU computes bf16 natively (:func:`cpu_bf16_native`; there the demo's
-    step took 0.47-0.84x fp32's time in 6 of 7 readings, at the fp32 seeds' accuracy,
-    docs/speed.md) and is fp32 elsewhere; ``fp16`` is fp32 (fp16 autocast is for GPUs).
-    Other devices: fp32."""
-    if precision == "fp32":
-        return "fp32"
-    if device.type == "cuda":
-        if precision == "auto":
-            return "bf16" if bf16_native(device) else "fp16"
-        return precision
-    if device.type == "cpu" and (precision == "bf16"
-                                 or precision == "auto" and cpu_bf16_native()):
-        return "bf16"
-    return "fp32"
-
-
-def autocast_factory(precision: str, device: torch.device):
-    """Mixed precision on CUDA, and bf16 on the CPU; returns (context factory, dtype or
-    None)."""
-    ran = resolve_precision(precision, device)
-    if ran == "fp32":
-        return contextlib.nullcontext, None
-    dtype = _DTYPES[ran]
-    return (lambda: torch.autocast(device.type, dtype=dtype)), dtype
-
-
-def _precision_notes(asked: str, ran: str, device: torch.device) -> None:
-    """One line on stderr where the precision that runs is not what the words suggest."""
-    note = None
-    if ran == "bf16" and device.type == "cuda" and not bf16_native(device):
-        note = (f"warning: train.precision=bf16 on {torch.cuda.get_device_name(device)}, "
-                "which only emulates bf16 (slower than fp16); train.precision=auto picks "
-                "fp16 with loss scaling there")
-    elif ran == "bf16" and device.type == "cpu" and not cpu_bf16_native():
-        note = ("warning: train.precision=bf16 on a CPU without native bf16 (no AVX-512 BF16 "
-                "or AMX): autocast converts in software, many times slower than fp32 "
-                "(train.precision=fp32)")
-    elif asked == "fp16" and device.type == "cpu":
-        note = ("note: train.precision=fp16 runs in fp32 on the CPU (fp16 autocast is for "
-                "GPUs; train.precision=bf16 is the CPU's half precision)")
-    if note:
-        print(note, file=sys.stderr, flush=True)
-
-
-def cpu_auto_note(asked: str, device: torch.device) -> str | None:
-    """What ``train.precision=auto`` did on a CPU, for a run that shows its progress: bf16
-    autocast where the CPU has native bf16, fp32 where it has not (docs/training.md#precision),
-    and how to ask for the other. None elsewhere. Not a warning: the loop prints it only
-    beside a progress bar, and ``summary.json`` records the precision either way."""
-    if asked != "auto" or device.type != "cpu":
-        return None
-    if cpu_bf16_native():
-        return ("note: train.precision=auto runs bf16 autocast on this CPU (native bf16: "
-                "AVX-512 BF16 or AMX); train.precision=fp32 for full precision")
-    return ("note: train.precision=auto runs fp32 on this CPU (no native bf16: AVX-512 BF16 "
-            "or AMX)")
 
 
 def _looks_local(name: str) -> bool:
@@ -276,33 +188,6 @@ def _unknown_model(name: str, err: ValueError) -> str:
             "newer")
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """fp32, bf16 or fp16: a dtype in the config's words."""
-    return next(name for name, d in _DTYPES.items() if d is dtype)
-
-
-def base_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
-    """The dtype ``model.base_dtype`` asks for on ``device``; a half-precision base needs
-    autocast (CUDA with mixed precision, or bf16 on a CPU), since our fp32 adapters meet it
-    in every layer."""
-    name = cfg.model.base_dtype
-    _, amp = autocast_factory(cfg.train.precision, device)
-    if name == "fp16" and device.type == "cpu":
-        # the CPU's only autocast is bf16, and its kernels refuse an fp16 weight beside a
-        # bf16 or fp32 input ("mixed dtype (CPU)" at the first step, after the run began)
-        raise ConfigError(f"model.base_dtype=fp16 does not run on a CPU (device {device}): "
-                          "its one half precision is bf16; use model.base_dtype=bf16 with "
-                          "train.precision=bf16, or model.base_dtype=fp32 (or auto)")
-    if name == "auto":
-        return amp if amp is torch.bfloat16 else torch.float32
-    if name != "fp32" and amp is None:
-        raise ConfigError(f"model.base_dtype={name} needs mixed precision (CUDA, or "
-                          f"train.precision=bf16 on a CPU), but this run has device {device} "
-                          f"and train.precision={cfg.train.precision}; use "
-                          "model.base_dtype=fp32 (or auto)")
-    return _DTYPES[name]
-
-
 def cast_frozen(model: torch.nn.Module, dtype: torch.dtype) -> int:
     """Cast every frozen floating-point parameter to ``dtype`` (the trained adapter and head
     keep fp32, which the optimizer needs); returns how many were cast."""
@@ -374,30 +259,40 @@ class Built:
     handle: MethodHandle
     steps: int
     device: torch.device
-    precision: str = "fp32"
-    """The autocast precision that runs (:func:`resolve_precision`): fp32, bf16 or fp16."""
-    base_dtype: torch.dtype = torch.float32
-    """The dtype of the frozen base weights (:func:`base_dtype`)."""
+    precision: Precision
+    """What the run computes in, decided once (precision.py): every reader after the build
+    takes the autocast, the loss scaling and the base dtype from here."""
     base_gguf: dict[str, Any] | None = None
     """A GGUF base's file, sha256 and size (tasks/gguf.py), hashed when it was loaded; None
     for any other checkpoint."""
 
 
-def build_run(cfg: RunConfig, w: World | None = None) -> Built:
-    """Seed, load, encode and attach the method; nothing touches the disk.
-
-    Every rank of a distributed run builds the same model from the same seed; on CUDA each
-    takes the GPU of its local rank."""
+def run_device(cfg: RunConfig, w: World | None = None) -> torch.device:
+    """The device ``train.device`` names (one that is not there is refused here); on CUDA
+    each process of a distributed run takes the GPU of its local rank."""
     device = pick_device(cfg.train.device)
     if w is not None and w.distributed and device.type == "cuda":
         device = torch.device("cuda", w.local_rank)
         torch.cuda.set_device(device)
+    return device
+
+
+def build_run(cfg: RunConfig, w: World | None = None,
+              precision: Precision | None = None) -> Built:
+    """Seed, load, encode and attach the method; nothing touches the disk.
+
+    Every rank of a distributed run builds the same model from the same seed; on CUDA each
+    takes the GPU of its local rank. ``precision``: decided on :func:`run_device` by a
+    caller that said it before the load (loop.py), else decided here."""
+    if precision is None:
+        precision = decide(cfg, run_device(cfg, w))
+    device = precision.device
     resolved = resolve_resources(cfg)
     seed_everything(cfg.train.seed)
     spec = check_method(cfg)  # an unknown method name fails before the model is loaded
-    sharding.check(cfg, w or World(), device, autocast_factory(cfg.train.precision, device)[1])
+    sharding.check(cfg, w or World(), precision)
     task = get_task(resolved)
-    dtype = base_dtype(cfg, device)  # what the run asks for, not what the checkpoint stores
+    dtype = precision.base_dtype  # what the run asks for, not what the checkpoint stores
     # a sharded run's ranks but 0 build shapes only: rank 0 sends their rows (sharding.py)
     with weightless_loading() if sharding.lean(cfg, w) else contextlib.nullcontext():
         model, tokenizer = load_model(task, resolved, dtype)
@@ -421,13 +316,12 @@ def build_run(cfg: RunConfig, w: World | None = None) -> Built:
         enable_checkpointing(model)
     if sharding.enabled(cfg):
         sharding.find_blocks(model)  # a model it cannot shard is refused here
-    precision = resolve_precision(cfg.train.precision, device)
-    if w is None or w.main:
-        _precision_notes(cfg.train.precision, precision, device)
+    note = precision.warning()
+    if note and (w is None or w.main):
+        print(note, file=sys.stderr, flush=True)
     path = resolved.model.name_or_path
     # the file and its hash, and where it came from (a hub repo, a package) when known
     base = ({**gguf.describe(path), **gguf.origin(path, (cfg.model.name_or_path,
                                                           cfg.model.gguf_file))}
             if gguf.is_gguf(path) else None)
-    return Built(cfg, task, model, tokenizer, data, handle, steps, device, precision, dtype,
-                 base)
+    return Built(cfg, task, model, tokenizer, data, handle, steps, device, precision, base)

@@ -95,9 +95,10 @@ def _launch_ranks(nproc: int, cfg: RunConfig, argv: list[str]) -> int:
     """``adalora train ... --nproc N``: the same command on N processes (one machine; for
     several machines call torchrun yourself with ``-m adalora_cli``)."""
     from . import sharding
-    from .build import autocast_factory, pick_device
+    from .build import pick_device
     from .distributed import World, per_rank_batch
     from .launch import launch
+    from .precision import decide
 
     if os.environ.get("WORLD_SIZE"):
         raise ConfigError("--nproc is for launching; under torchrun drop it (torchrun sets "
@@ -106,7 +107,7 @@ def _launch_ranks(nproc: int, cfg: RunConfig, argv: list[str]) -> int:
     per_rank_batch(cfg.train.batch_size, w)  # refused before any launch
     device = pick_device(cfg.train.device)
     check_gpus(nproc, device)
-    sharding.check(cfg, w, device, autocast_factory(cfg.train.precision, device)[1])
+    sharding.check(cfg, w, decide(cfg, device))
     args, skip = [], False
     for arg in argv:  # `adalora train ...` without --nproc N
         if skip:

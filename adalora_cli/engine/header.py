@@ -24,9 +24,8 @@ from ..config import RunConfig
 from ..methods.registry import method_spec
 
 if TYPE_CHECKING:
-    import torch
-
     from .build import Built
+    from .precision import Precision
 
 
 def say(text: str) -> None:
@@ -62,34 +61,38 @@ def opening(cfg: RunConfig, resume: Path | None = None) -> str:
             f"seed {t.seed}")
 
 
-def machine(cfg: RunConfig, device: torch.device) -> str:
-    """Line 2: the device and the autocast precision that runs there, and why for ``auto``."""
+def machine(precision: Precision) -> str:
+    """Line 2: the device and the autocast precision that runs there, and why for ``auto``
+    (the build's decision, :func:`~.precision.decide`)."""
     import torch
 
-    from .build import bf16_native, cpu_auto_note, resolve_precision
-
-    ran = resolve_precision(cfg.train.precision, device)
+    device, ran = precision.device, precision.autocast
     where = str(device)
     if device.type == "cuda":
         where += f" ({torch.cuda.get_device_name(device)})"
-    note = cpu_auto_note(cfg.train.precision, device)
-    if note:  # auto on a CPU: what the CPU has decides
-        return f"device {where}: {note.removeprefix('note: ')}"
+    if precision.asked == "auto" and device.type == "cpu":  # what the CPU has decides
+        if precision.native_bf16:
+            return (f"device {where}: train.precision=auto runs bf16 autocast on this CPU "
+                    "(native bf16: AVX-512 BF16 or AMX); train.precision=fp32 for full "
+                    "precision")
+        return (f"device {where}: train.precision=auto runs fp32 on this CPU (no native "
+                "bf16: AVX-512 BF16 or AMX)")
     words = {"fp32": "fp32", "bf16": "bf16 autocast",
              "fp16": "fp16 autocast with loss scaling"}[ran]
-    if cfg.train.precision == "auto" and device.type == "cuda":
+    if precision.asked == "auto" and device.type == "cuda":
         words += " (train.precision=auto: " + (
-            "native bf16)" if bf16_native(device) else "this GPU has no native bf16)")
+            "native bf16)" if precision.native_bf16 else "this GPU has no native bf16)")
     return f"device {where}, precision {words}"
 
 
 @contextlib.contextmanager
-def loading(cfg: RunConfig, device: torch.device, quiet: bool):
+def loading(cfg: RunConfig, precision: Precision, quiet: bool):
     """Around the build: ``loading <model>`` at once, then the loader's progress (a GGUF
     file's tensors) and, while nothing reports, a line at least every interval."""
     from ..tasks import gguf
     from ..tasks import progress as task_progress
-    from .build import base_dtype, dtype_name, resolve_resources
+    from .build import resolve_resources
+    from .precision import dtype_name
     from .progress import PhaseLines, phase_seconds
 
     lines = PhaseLines(0.0 if quiet else phase_seconds())
@@ -100,10 +103,7 @@ def loading(cfg: RunConfig, device: torch.device, quiet: bool):
         except Exception:  # noqa: BLE001 - the build says what is wrong with it, in one line
             path = ""
         if gguf.is_gguf(path):
-            try:
-                into = dtype_name(base_dtype(cfg, device))
-            except Exception:  # noqa: BLE001 - refused by the build, which says why
-                into = "its base dtype"
+            into = dtype_name(precision.base_dtype)
             name = f"{Path(path).name} (a GGUF file, dequantized into {into})"
     lines.begin(f"loading {name}", show=not quiet)
     try:
@@ -115,11 +115,11 @@ def loading(cfg: RunConfig, device: torch.device, quiet: bool):
 
 def built_line(built: Built) -> str:
     """The last line, once model and data are loaded: parameters, matrices, T, data."""
-    from .build import dtype_name
+    from .precision import dtype_name
 
     params = sum(p.numel() for p in built.model.parameters())
     parts = [f"model: {_millions(params)} parameters, base weights "
-             f"{dtype_name(built.base_dtype)}"]
+             f"{dtype_name(built.precision.base_dtype)}"]
     if built.handle.n_matrices:
         parts.append(f"{built.handle.n_matrices} adapted matrices")
     parts.append(f"trains {_millions(built.handle.trainable_params)} parameters")

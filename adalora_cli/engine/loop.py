@@ -39,7 +39,7 @@ from . import checkpoint as ckpt
 from . import faults, sharded_checkpoint, sharding
 from . import selection as best
 from . import trial as tune_trial
-from .build import Built, autocast_factory, build_run, dtype_name, pick_device
+from .build import Built, build_run, run_device
 from .distributed import (
     World,
     any_rank,
@@ -62,6 +62,7 @@ from .header import built_line, loading, machine, say
 from .loggers import RunLogger, open_trackers
 from .order import EpochBatches, example_lengths
 from .outputs import trained_state, write_outputs
+from .precision import decide
 from .progress import TrainProgress
 from .progress import check_env as check_progress_env
 from .signals import StopSignals
@@ -123,7 +124,7 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
                 note(f"{path} has no checkpoint yet; starting it over from step 0")
                 run.clear_outputs()
                 return run
-            machine = ckpt.machine_changes(found[1], w.size, built.precision)
+            machine = ckpt.machine_changes(found[1], w.size, built.precision.autocast)
             if changes:
                 note("resuming with " + ", ".join(f"{k} {a!r} -> {b!r}"
                                                   for k, (a, b) in changes.items())
@@ -146,13 +147,15 @@ def resume(path: Path, cfg: RunConfig, quiet: bool = False,
 
 def _build(cfg: RunConfig, w: World, quiet: bool) -> Built:
     """:func:`build_run`, said as it goes (rank 0, unless quiet): the device and precision
-    before the model loads, the loading and its progress, then what was built (header.py)."""
+    before the model loads, the loading and its progress, then what was built (header.py).
+    The precision is decided here, once, and the build keeps that decision."""
     quiet = quiet or not w.main
-    device = pick_device(cfg.train.device)  # (a device that is not there: refused here)
+    device = run_device(cfg, w)  # (a device that is not there: refused here)
+    precision = decide(cfg, device)  # (a base dtype it cannot run: refused here)
     if not quiet:
-        say(machine(cfg, device))
-    with loading(cfg, device, quiet):
-        built = build_run(cfg, w)
+        say(machine(precision))
+    with loading(cfg, precision, quiet):
+        built = build_run(cfg, w, precision)
     if not quiet:
         say(built_line(built))
     return built
@@ -254,7 +257,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     t_cfg, device = cfg.train, built.device
     sharded = sharding.enabled(cfg)
     if sharded:  # in place, onto the device: eval and the outputs see the sharded model
-        sharding.shard(model, handle, w, device, autocast_factory(t_cfg.precision, device)[1])
+        sharding.shard(model, handle, w, device, built.precision.amp_dtype)
     else:
         model.to(device)
     model.train()
@@ -266,7 +269,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    stepper = Stepper.build(model, handle, t_cfg, steps, device)
+    stepper = Stepper.build(model, handle, t_cfg, steps, built.precision)
     masks_from_rank0(handle.allocator, w)  # the same masks on every rank, by construction
     generator = torch.Generator().manual_seed(t_cfg.seed)
     lengths = example_lengths(data.train) if t_cfg.group_by_length else None
@@ -443,7 +446,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     chosen = selection.step if selection is not None else None
     summary = write_outputs(built, run, results, train_seconds, epochs, pos.checkpoint_bytes,
                             final, chosen_step=chosen if chosen != pos.step else None)
-    summary.precision = precision_record(built, stepper)
+    summary.precision = built.precision.record(stepper.skipped)
     if selection is not None:
         summary.selected = selection.summary(last_step=pos.step)
     if t_cfg.eval_at_start:
@@ -503,15 +506,6 @@ def _metrics_at_start(run: RunDir) -> dict[str, dict[str, float]] | None:
         if row.get("step") == 0 and "split" in row:
             found[row["split"]] = {k: v for k, v in row.items() if k not in ("step", "split")}
     return found or None
-
-
-def precision_record(built: Built, stepper: Stepper) -> dict[str, Any]:
-    """What ran, for summary.json: the autocast precision ``train.precision`` resolved to
-    on this machine, the frozen base's dtype, whether fp16 loss scaling was on, and how many
-    steps it skipped (all attempts)."""
-    return {"autocast": built.precision,
-            "base_dtype": dtype_name(built.base_dtype),
-            "loss_scaling": stepper.scaler.is_enabled(), "skipped_steps": stepper.skipped}
 
 
 def _heartbeat(run: RunDir | Silent, w: World):

@@ -46,6 +46,8 @@ from .distributed import World
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from .precision import Precision
+
 _NONE_HINT = "or set train.sharding=none (each process then holds the whole model)"
 
 
@@ -59,8 +61,9 @@ def lean(cfg: RunConfig, w: World | None) -> bool:
     return enabled(cfg) and w is not None and w.distributed and not w.main
 
 
-def check(cfg: RunConfig, w: World, device: torch.device, amp: torch.dtype | None) -> None:
+def check(cfg: RunConfig, w: World, precision: Precision) -> None:
     """Refuse what FSDP cannot run, before the model is loaded; one line each."""
+    device = precision.device
     if not enabled(cfg):
         return
     if not w.distributed:
@@ -77,12 +80,12 @@ def check(cfg: RunConfig, w: World, device: torch.device, amp: torch.dtype | Non
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"train.sharding=fsdp runs on CUDA or the CPU, not on {device}; set "
                           "train.device=cuda (or cpu), " + _NONE_HINT)
-    if amp is torch.float16 and cfg.train.precision == "auto":  # a GPU before Ampere
+    if precision.loss_scaling and precision.asked == "auto":  # a GPU before Ampere
         raise ConfigError("train.sharding=fsdp does not run fp16 (its loss scaler is not "
                           "sharding-aware), which train.precision=auto picks on a GPU below "
                           "compute capability 8.0: set train.precision=fp32 (or bf16, "
                           "emulated there), " + _NONE_HINT)
-    if amp is torch.float16:
+    if precision.loss_scaling:
         raise ConfigError("train.sharding=fsdp does not run fp16 (its loss scaler is not "
                           "sharding-aware): set train.precision=bf16 (or fp32), " + _NONE_HINT)
 

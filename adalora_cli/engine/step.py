@@ -31,7 +31,7 @@ import torch
 from ..config import TrainConfig
 from ..methods.allocator import StepReport
 from ..methods.base import MethodHandle
-from .build import autocast_factory, resolve_precision
+from .precision import Precision
 from .schedule import linear_schedule
 
 MAX_SKIPPED = 20
@@ -79,7 +79,7 @@ class Stepper:
     max_grad_norm: float = 1.0
     autocast: Callable[[], Any] = contextlib.nullcontext
     precision: str = "fp32"
-    """The autocast precision that runs: fp32, bf16 or fp16 (build.resolve_precision)."""
+    """The autocast precision that runs: fp32, bf16 or fp16 (precision.Precision.autocast)."""
     closed_form_reg: bool = False
     """Add the regularizer's gradient in closed form after the backward pass, where the
     regularizer offers it (Eq. 4, AdaLoRA's and LoRA_regu's, on whole factors), instead of
@@ -98,10 +98,12 @@ class Stepper:
 
     @classmethod
     def build(cls, model: torch.nn.Module, handle: MethodHandle, train: TrainConfig,
-              steps: int, device: torch.device) -> Stepper:
-        """AdamW, the linear warm-up/decay over ``steps`` and a GradScaler (enabled for
-        fp16 only: bf16 and fp32 need no loss scaling), as ``train`` configures them."""
-        autocast, amp_dtype = autocast_factory(train.precision, device)
+              steps: int, precision: Precision) -> Stepper:
+        """AdamW, the linear warm-up/decay over ``steps`` as ``train`` configures them, and
+        a GradScaler on ``precision.device``, enabled for fp16 only (bf16 and fp32 need no
+        loss scaling): the autocast and the scaler policy are the build's decision
+        (``Built.precision``), never ``train.precision`` read again."""
+        device = precision.device
         # one group, or the method's (LoRA+'s faster B, SoRA's gates without weight decay);
         # a group may hold no parameter (method none)
         groups = handle.optimizer_groups(train.learning_rate, train.weight_decay)
@@ -117,10 +119,10 @@ class Stepper:
                                       weight_decay=train.weight_decay, fused=fused)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, linear_schedule(train.warmup_steps, steps))
-        scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype is torch.float16)
+        scaler = torch.amp.GradScaler(device.type, enabled=precision.loss_scaling)
         return cls(model, handle, optimizer, scheduler, scaler, grad_accum=train.grad_accum,
-                   max_grad_norm=train.max_grad_norm, autocast=autocast,
-                   precision=resolve_precision(train.precision, device),
+                   max_grad_norm=train.max_grad_norm, autocast=precision.context(),
+                   precision=precision.autocast,
                    closed_form_reg=cuda and not isinstance(
                        model, torch.nn.parallel.DistributedDataParallel))
 

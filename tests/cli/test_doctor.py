@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
-from adalora_cli.engine.build import cpu_bf16_native
+from adalora_cli.engine.precision import cpu_bf16_native
 
 runner = CliRunner()
 INSTALL = "docs/reproducing.md#install-on-a-gpu-machine"

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from adalora_cli.engine.precision import decide
 from adalora_cli.engine.step import Stepper
 from adalora_cli.methods import apply_method
 from adalora_cli.methods.adalora import SVDLinear, orthogonal_regularizer
@@ -157,7 +158,7 @@ def _fp16_stepper(init_scale: float, steps: int = 40):
                             "learning_rate": 5e-3, "warmup_steps": 2})
     model = tiny_bert().to(GPU)
     handle = apply_method(model, cfg, steps)
-    stepper = Stepper.build(model, handle, cfg.train, steps, GPU)
+    stepper = Stepper.build(model, handle, cfg.train, steps, decide(cfg, GPU))
     stepper.scaler = torch.amp.GradScaler(GPU.type, init_scale=init_scale)
     # a rehearsal on the CPU runs fp32 with the loss scaler; the GPU, real fp16 autocast
     assert stepper.precision == ("fp32" if REHEARSAL else "fp16")
@@ -223,7 +224,7 @@ def _adalora_steps(device: torch.device, steps: int = 8):
     model = tiny_bert()
     handle = apply_method(model, cfg, steps)  # on the CPU: the same draws on both sides
     model.to(device)
-    stepper = Stepper.build(model, handle, cfg.train, steps, device)
+    stepper = Stepper.build(model, handle, cfg.train, steps, decide(cfg, device))
     losses, regs, first = [], [], None
     for t in range(1, steps + 1):
         loss, reg = stepper.backward({k: v.to(device) for k, v in tiny_batch(t).items()})

@@ -11,11 +11,10 @@ import json
 import math
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
-from adalora_cli.engine import build, step
+from adalora_cli.engine import precision, step
 from adalora_cli.engine.step import Stepper
 from adalora_cli.rundir.run import RunDir, read_metrics
 
@@ -26,10 +25,9 @@ from .conftest import SMOKE
 def fp16(monkeypatch, in_repo):
     """fp16 with loss scaling on the CPU; returns the set of steps whose gradients are
     made infinite after the backward pass."""
-    for module in (build, step):
-        monkeypatch.setattr(module, "resolve_precision", lambda p, d: "fp16")
-        monkeypatch.setattr(module, "autocast_factory",
-                            lambda p, d: (contextlib.nullcontext, torch.float16))
+    # the build's decision, made as on a V100; the CPU runs its forward in fp32
+    monkeypatch.setattr(precision, "resolve", lambda p, d: "fp16")
+    monkeypatch.setattr(precision.Precision, "context", lambda self: contextlib.nullcontext)
     poisoned: set[int] = set()
     update = Stepper.update
 

@@ -59,7 +59,7 @@ def train_steps(overrides: list[str], w: World) -> dict:
     if w.distributed:
         init(w, "cpu")
         sharding.shard(model, handle, w, built.device, None)
-    stepper = Stepper.build(model, handle, cfg.train, built.steps, built.device)
+    stepper = Stepper.build(model, handle, cfg.train, built.steps, built.precision)
     out: dict = {"loss": [], "reg": [], "grads": [], "norm": [], "budget": [], "mask": []}
     norms = []
     clip = torch.nn.utils.clip_grad_norm_
@@ -202,12 +202,12 @@ def _bf16_rank(rank: int, port: int, out: str) -> None:
         built = build_run(cfg, w)
         init(w, "cpu")
         model, handle = built.model, built.handle
-        sharding.shard(model, handle, w, built.device, torch.bfloat16)
+        sharding.shard(model, handle, w, built.device, built.precision.amp_dtype)
         seen = []
         layer = next(m for m in model.modules() if isinstance(m, SVDLinear))
         layer.register_forward_pre_hook(lambda m, args: seen.append(
             (m.P.dtype, m.base.weight.dtype)))
-        stepper = Stepper.build(model, handle, cfg.train, built.steps, built.device)
+        stepper = Stepper.build(model, handle, cfg.train, built.steps, built.precision)
         mine, weight = shard(list(range(16)), w)
         stepper.backward(built.data.collate([built.data.train[i] for i in mine]), weight)
         grads = {p.grad.dtype for p in handle.trainable}

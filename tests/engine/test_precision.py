@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from adalora_cli.engine import build
-from adalora_cli.engine.build import autocast_factory, base_dtype, bf16_native, resolve_precision
+from adalora_cli.engine import precision as prec
+from adalora_cli.engine.precision import Precision, bf16_native, decide, resolve
 from tests.methods._tiny import run_config
 
 CUDA = torch.device("cuda")
@@ -41,38 +41,39 @@ def gpu(monkeypatch):
                                           ("RTX 4090", True), ("H100", True)])
 def test_auto_is_bf16_only_where_bf16_is_native(gpu, monkeypatch, name, native):
     gpu(name)
-    monkeypatch.setattr(build, "cpu_bf16_native", lambda: False)  # an AVX2-only host
+    monkeypatch.setattr(prec, "cpu_bf16_native", lambda: False)  # an AVX2-only host
     assert torch.cuda.is_bf16_supported()  # what the old test said: True even on a V100
     assert bf16_native(CUDA) is native
     # torch's own answer without emulation agrees wherever torch has it (2.4 and later)
     assert torch.cuda.is_bf16_supported(including_emulation=False) is native
     auto = "bf16" if native else "fp16"
-    assert resolve_precision("auto", CUDA) == auto
-    assert autocast_factory("auto", CUDA)[1] is (torch.bfloat16 if native else torch.float16)
+    assert resolve("auto", CUDA) == auto
+    assert Precision.of("auto", CUDA).amp_dtype is (torch.bfloat16 if native else torch.float16)
     # an explicit choice is kept, fp32 means no autocast, and a CPU without native bf16 is
     # fp32 whatever the GPU
-    assert [resolve_precision(p, CUDA) for p in ("bf16", "fp16", "fp32")] == [
+    assert [resolve(p, CUDA) for p in ("bf16", "fp16", "fp32")] == [
         "bf16", "fp16", "fp32"]
-    assert autocast_factory("fp32", CUDA)[1] is None
-    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
+    assert Precision.of("fp32", CUDA).amp_dtype is None
+    assert resolve("auto", torch.device("cpu")) == "fp32"
 
 
 @pytest.mark.parametrize("name, expected", [("V100", torch.float32), ("A100", torch.bfloat16)])
 def test_base_dtype_auto_follows_the_same_decision(gpu, name, expected):
     """A bf16 base only under bf16 autocast; under fp16 autocast the base stays fp32."""
     gpu(name)
-    assert base_dtype(run_config("lora", model={"base_dtype": "auto"}), CUDA) is expected
-    assert base_dtype(run_config("lora", model={"base_dtype": "fp16"}), CUDA) is torch.float16
+    assert decide(run_config("lora", model={"base_dtype": "auto"}), CUDA).base_dtype is expected
+    assert decide(run_config("lora", model={"base_dtype": "fp16"}),
+                  CUDA).base_dtype is torch.float16
 
 
 def test_rocm_runs_bf16(gpu, monkeypatch):
     gpu("V100")
     monkeypatch.setattr(torch.version, "hip", "6.2")
-    assert resolve_precision("auto", CUDA) == "bf16"
+    assert resolve("auto", CUDA) == "bf16"
 
 
 def test_dtype_names_are_the_config_s():
-    assert [build.dtype_name(d) for d in (torch.float32, torch.bfloat16, torch.float16)] == [
+    assert [prec.dtype_name(d) for d in (torch.float32, torch.bfloat16, torch.float16)] == [
         "fp32", "bf16", "fp16"]
 
 
@@ -82,29 +83,30 @@ CPU = torch.device("cpu")
 
 @pytest.mark.parametrize("native", [False, True])
 def test_the_cpu_autocasts_when_asked_for_bf16_and_for_auto_where_native(monkeypatch, native):
-    monkeypatch.setattr(build, "cpu_bf16_native", lambda: native)
+    monkeypatch.setattr(prec, "cpu_bf16_native", lambda: native)
     auto = "bf16" if native else "fp32"
-    assert [resolve_precision(p, CPU) for p in ("auto", "bf16", "fp16", "fp32")] == [
+    assert [resolve(p, CPU) for p in ("auto", "bf16", "fp16", "fp32")] == [
         auto, "bf16", "fp32", "fp32"]
-    assert autocast_factory("auto", CPU)[1] is (torch.bfloat16 if native else None)
+    assert Precision.of("auto", CPU).amp_dtype is (torch.bfloat16 if native else None)
     # model.base_dtype=auto follows: a bf16 base only under bf16 autocast
-    assert base_dtype(run_config("lora", model={"base_dtype": "auto"}), CPU) is (
+    assert decide(run_config("lora", model={"base_dtype": "auto"}), CPU).base_dtype is (
         torch.bfloat16 if native else torch.float32)
-    context, dtype = autocast_factory("bf16", CPU)
+    half = Precision.of("bf16", CPU)
+    context, dtype = half.context(), half.amp_dtype
     assert dtype is torch.bfloat16
     with context():
         assert torch.is_autocast_enabled("cpu")
         assert torch.get_autocast_dtype("cpu") is torch.bfloat16
         assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype is torch.bfloat16
-    assert autocast_factory("fp32", CPU)[1] is None
+    assert Precision.of("fp32", CPU).amp_dtype is None
     # a bf16 base may now run on the CPU (it meets bf16 autocast); without it, refused
     cfg = run_config("lora", model={"base_dtype": "bf16"}, train={"precision": "bf16"})
-    assert base_dtype(cfg, CPU) is torch.bfloat16
-    assert base_dtype(run_config("lora", model={"base_dtype": "auto"},
-                                 train={"precision": "bf16"}), CPU) is torch.bfloat16
-    with pytest.raises(build.ConfigError, match="train.precision=bf16 on a CPU"):
-        base_dtype(run_config("lora", model={"base_dtype": "bf16"},
-                              train={"precision": "fp32"}), CPU)
+    assert decide(cfg, CPU).base_dtype is torch.bfloat16
+    assert decide(run_config("lora", model={"base_dtype": "auto"},
+                             train={"precision": "bf16"}), CPU).base_dtype is torch.bfloat16
+    with pytest.raises(prec.ConfigError, match="train.precision=bf16 on a CPU"):
+        decide(run_config("lora", model={"base_dtype": "bf16"},
+                          train={"precision": "fp32"}), CPU)
 
 
 @pytest.mark.parametrize("avx512_bf16, amx, native", [(True, False, True), (False, True, True),
@@ -112,16 +114,16 @@ def test_the_cpu_autocasts_when_asked_for_bf16_and_for_auto_where_native(monkeyp
 def test_native_cpu_bf16_is_avx512_bf16_or_amx(monkeypatch, avx512_bf16, amx, native):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    assert build.cpu_bf16_native() is native
+    assert prec.cpu_bf16_native() is native
 
 
 def test_without_torch_s_helpers_the_cpu_flags_decide(monkeypatch, tmp_path):
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
     flags = {"/proc/cpuinfo": "flags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile\n"}
-    monkeypatch.setattr(build.Path, "read_text", lambda self: flags[str(self)])
-    assert build.cpu_bf16_native()
+    monkeypatch.setattr(prec.Path, "read_text", lambda self: flags[str(self)])
+    assert prec.cpu_bf16_native()
     flags["/proc/cpuinfo"] = "flags\t\t: fpu sse avx2 avx512f\n"
-    assert not build.cpu_bf16_native()
+    assert not prec.cpu_bf16_native()
 
 
 def test_a_bf16_step_on_the_cpu_keeps_adapters_head_and_adam_in_fp32():
@@ -133,7 +135,7 @@ def test_a_bf16_step_on_the_cpu_keeps_adapters_head_and_adam_in_fp32():
     model = tiny_bert(0)
     handle = apply_method(model, run_config(
         "adalora", adalora={"budget": 16, "t_init": 2, "delta_t": 2, "t_final": 2}), 10)
-    stepper = Stepper.build(model, handle, TrainConfig(precision="bf16"), 10, CPU)
+    stepper = Stepper.build(model, handle, TrainConfig(), 10, Precision.of("bf16", CPU))
     assert stepper.precision == "bf16" and not stepper.scaler.is_enabled()
     outputs = []
     model.register_forward_hook(lambda m, i, o: outputs.append(o.logits.dtype))
@@ -157,7 +159,7 @@ def test_smoke_run_in_bf16_records_it_and_warns_once_where_emulated(
 
     from .conftest import SMOKE
 
-    monkeypatch.setattr(build, "cpu_bf16_native", lambda: native)
+    monkeypatch.setattr(prec, "cpu_bf16_native", lambda: native)
     run = train(load_config(SMOKE, ["train.precision=bf16", "train.max_steps=14"]),
                 tmp_path / "run", quiet=True)
     summary = json.loads((run / "summary.json").read_text())
@@ -179,7 +181,7 @@ def test_auto_on_the_cpu_is_bf16_only_where_native_and_says_so_once(
 
     from .conftest import SMOKE
 
-    monkeypatch.setattr(build, "cpu_bf16_native", lambda: native)
+    monkeypatch.setattr(prec, "cpu_bf16_native", lambda: native)
     for quiet in (False, True):
         run = train(load_config(SMOKE, ["train.precision=auto", "train.max_steps=14"]),
                     tmp_path / f"run-{quiet}", quiet=quiet)
@@ -202,6 +204,6 @@ def test_the_header_says_the_gpu_and_what_auto_chose_there(gpu, name, line):
     from adalora_cli.engine.header import machine
 
     gpu(name)
-    assert machine(run_config("lora"), CUDA) == line
-    assert machine(run_config("lora", train={"precision": "fp32"}), CUDA) == (
+    assert machine(decide(run_config("lora"), CUDA)) == line
+    assert machine(decide(run_config("lora", train={"precision": "fp32"}), CUDA)) == (
         f"device cuda (NVIDIA {name}), precision fp32")

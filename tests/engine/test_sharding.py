@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from adalora_cli.config import ConfigError, apply_overrides, from_dict, load_config
 from adalora_cli.engine import checkpoint as ckpt
 from adalora_cli.engine.distributed import World
+from adalora_cli.engine.precision import Precision
 from adalora_cli.engine.sharding import _rows, check, find_blocks, model_class
 from adalora_cli.methods.registry import config_digest
 
@@ -24,6 +25,12 @@ NONE_HINT = "or set train.sharding=none (each process then holds the whole model
 
 def _cfg(*overrides: str):
     return load_config(SMOKE, ["train.sharding=fsdp", *overrides])
+
+
+def _ran(cfg, device: torch.device, amp: torch.dtype | None) -> Precision:
+    """The build's record of a run of ``cfg`` whose autocast is ``amp`` on ``device``."""
+    autocast = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]
+    return Precision(cfg.train.precision, device, autocast)
 
 
 def test_blocks_are_the_transformer_layers(tiny_bert, fixtures, in_repo):
@@ -83,7 +90,8 @@ def test_a_model_without_blocks_is_refused():
 def test_what_fsdp_cannot_run_is_refused_in_one_line(in_repo, overrides, world, device, amp,
                                                      message):
     with pytest.raises(ConfigError) as err:
-        check(_cfg(*overrides), world, device, amp)
+        cfg = _cfg(*overrides)
+        check(cfg, world, _ran(cfg, device, amp))
     assert str(err.value) == message
 
 
@@ -91,13 +99,16 @@ def test_what_fsdp_cannot_run_is_refused_in_one_line(in_repo, overrides, world, 
                                     "increlora"])
 def test_todays_baselines_are_refused_sharded(in_repo, method):
     with pytest.raises(ConfigError, match=f"^method.name={method} does not run sharded yet"):
-        check(_cfg(f"method.name={method}"), TWO, CPU, torch.bfloat16)
+        cfg = _cfg(f"method.name={method}")
+        check(cfg, TWO, _ran(cfg, CPU, torch.bfloat16))
 
 
 def test_what_fsdp_runs_passes(in_repo):
     for method in ("adalora", "lora", "houlsby", "pfeiffer", "bitfit"):
-        check(_cfg(f"method.name={method}"), TWO, CPU, torch.bfloat16)
-    check(load_config(SMOKE, ["method.name=full"]), World(), CPU, torch.float16)  # not sharded
+        cfg = _cfg(f"method.name={method}")
+        check(cfg, TWO, _ran(cfg, CPU, torch.bfloat16))
+    cfg = load_config(SMOKE, ["method.name=full"])
+    check(cfg, World(), _ran(cfg, CPU, torch.float16))  # not sharded
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 7, 8, 37])

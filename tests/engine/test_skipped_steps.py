@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from adalora_cli.config import TrainConfig
-from adalora_cli.engine import step as step_module
+from adalora_cli.engine.precision import Precision
 from adalora_cli.engine.step import MAX_SKIPPED, Stepper
 from adalora_cli.methods import apply_method
 from tests.methods._tiny import run_config, tiny_batch, tiny_bert
@@ -109,7 +109,7 @@ def adalora_stepper() -> Stepper:
     model = tiny_bert(0)
     handle = apply_method(model, cfg, T)
     train = TrainConfig(learning_rate=0.01, warmup_steps=4, max_grad_norm=0.5)
-    stepper = Stepper.build(model, handle, train, T, torch.device("cpu"))
+    stepper = Stepper.build(model, handle, train, T, Precision.of("auto", torch.device("cpu")))
     stepper.scaler = torch.amp.GradScaler("cpu", init_scale=SCALE)
     return stepper
 
@@ -156,18 +156,20 @@ def test_a_skipped_step_feeds_nothing_into_the_importance_averages():
     assert not torch.equal(allocator.I_bar, before[1])
 
 
-def test_the_loss_scaler_is_on_exactly_for_fp16(monkeypatch):
-    """Stepper.build enables a GradScaler (of the run's device type) for fp16 only; on the
-    CPU autocast never asks for fp16, so the factory answers as it does on a V100."""
+def test_the_loss_scaler_is_on_exactly_for_fp16():
+    """Stepper.build enables a GradScaler (of the run's device type) for fp16 only, as the
+    build's record says; on the CPU autocast never asks for fp16, so the record is made as
+    a V100's would be."""
     model = tiny_bert(0)
     handle = apply_method(model, run_config("lora"), T)
-    plain = Stepper.build(model, handle, TrainConfig(precision="fp32"), T, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    plain = Stepper.build(model, handle, TrainConfig(), T, Precision.of("fp32", cpu))
     assert not plain.scaler.is_enabled() and plain.precision == "fp32"
-    half = Stepper.build(model, handle, TrainConfig(precision="bf16"), T, torch.device("cpu"))
+    half = Stepper.build(model, handle, TrainConfig(), T, Precision.of("bf16", cpu))
     assert not half.scaler.is_enabled() and half.precision == "bf16"
-    monkeypatch.setattr(step_module, "autocast_factory", lambda p, d: (None, torch.float16))
-    monkeypatch.setattr(step_module, "resolve_precision", lambda p, d: "fp16")
-    scaled = Stepper.build(model, handle, TrainConfig(), T, torch.device("cpu"))
+    # the step reads the record, not train.precision: fp32 there changes nothing
+    scaled = Stepper.build(model, handle, TrainConfig(precision="fp32"), T,
+                           Precision("auto", cpu, "fp16"))
     assert scaled.scaler.is_enabled() and scaled.precision == "fp16"
 
 
@@ -182,7 +184,7 @@ def increlora_run(scaler: torch.amp.GradScaler | None) -> tuple[Stepper, list, l
     model = tiny_bert(0)
     handle = apply_method(model, cfg, T)
     stepper = Stepper.build(model, handle, TrainConfig(learning_rate=0.01), T,
-                            torch.device("cpu"))
+                            Precision.of("auto", torch.device("cpu")))
     if scaler is not None:
         stepper.scaler = scaler
     grower, averages, ranks = handle.allocator, [], []

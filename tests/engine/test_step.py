@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from adalora_cli.config import TrainConfig
+from adalora_cli.engine.precision import Precision
 from adalora_cli.engine.step import StepLog, Stepper
 from adalora_cli.methods import apply_method
 from adalora_cli.methods.allocator import StepReport
@@ -23,7 +24,7 @@ def tiny_stepper(seed: int = 0) -> Stepper:
     handle = apply_method(model, cfg, T)
     train = TrainConfig(learning_rate=0.01, warmup_steps=4, weight_decay=0.1, grad_accum=2,
                         max_grad_norm=0.5, precision="fp16")
-    return Stepper.build(model, handle, train, T, torch.device("cpu"))
+    return Stepper.build(model, handle, train, T, Precision.of("fp16", torch.device("cpu")))
 
 
 def test_build_follows_the_train_config():
@@ -87,7 +88,9 @@ def test_on_cuda_the_step_is_fused_and_adds_eq4_in_closed_form_except_under_ddp(
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         for name, wrapped, device in (("cpu", model, "cpu"), ("cuda", model, "cuda"),
                                       ("cuda-ddp", ddp, "cuda")):
-            stepper = Stepper.build(wrapped, handle, train, T, torch.device(device))
+            # fp32, built directly: Precision.of would ask this CPU-only torch about a GPU
+            stepper = Stepper.build(wrapped, handle, train, T,
+                                    Precision("fp32", torch.device(device)))
             built[name] = (stepper.closed_form_reg, stepper.optimizer.defaults["fused"])
     finally:
         dist.destroy_process_group()

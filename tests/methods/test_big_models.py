@@ -21,7 +21,8 @@ from transformers import (
 )
 
 from adalora_cli.config import ConfigError
-from adalora_cli.engine.build import base_dtype, cast_frozen, enable_checkpointing, no_kv_cache
+from adalora_cli.engine.build import cast_frozen, enable_checkpointing, no_kv_cache
+from adalora_cli.engine.precision import decide
 from adalora_cli.methods import apply_method
 from tests.conftest import ROOT
 from tests.methods._tiny import run_config
@@ -165,10 +166,10 @@ def test_base_dtype_casts_only_the_frozen_weights() -> None:
 def test_base_dtype_on_cpu() -> None:
     cpu = torch.device("cpu")
     fp32 = {"precision": "fp32"}  # auto would be bf16 autocast on a CPU with native bf16
-    assert base_dtype(run_config("lora", model={"base_dtype": "auto"}, train=fp32),
-                      cpu) is torch.float32
-    assert base_dtype(run_config("lora", train=fp32), cpu) is torch.float32
+    assert decide(run_config("lora", model={"base_dtype": "auto"}, train=fp32),
+                  cpu).base_dtype is torch.float32
+    assert decide(run_config("lora", train=fp32), cpu).base_dtype is torch.float32
     with pytest.raises(ConfigError, match=r"model.base_dtype=bf16 needs mixed precision "
                                           r"\(CUDA, or train.precision=bf16 on a CPU\), but "
                                           r"this run has device cpu"):
-        base_dtype(run_config("lora", model={"base_dtype": "bf16"}, train=fp32), cpu)
+        decide(run_config("lora", model={"base_dtype": "bf16"}, train=fp32), cpu)

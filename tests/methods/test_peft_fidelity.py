@@ -27,6 +27,7 @@ import torch
 from peft.optimizers import create_loraplus_optimizer
 
 from adalora_cli.config import TrainConfig
+from adalora_cli.engine.precision import Precision
 from adalora_cli.engine.step import Stepper
 from adalora_cli.methods import apply_method
 from tests.methods._tiny import run_config, tiny_batch, tiny_bert
@@ -91,7 +92,8 @@ def _step_ours(model, handle, batch) -> None:
     # bf16): the step runs in the parameters' own float64
     train = TrainConfig(learning_rate=LR, weight_decay=WD, max_grad_norm=0.0,
                         precision="fp32")
-    stepper = Stepper.build(model, handle, train, steps=10, device=torch.device("cpu"))
+    stepper = Stepper.build(model, handle, train, steps=10,
+                            precision=Precision.of(train.precision, torch.device("cpu")))
     stepper.backward(batch)
     stepper.update(1)
 

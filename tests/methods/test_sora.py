@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from adalora_cli.config import ConfigError, SoRAConfig, TrainConfig
+from adalora_cli.engine.precision import Precision
 from adalora_cli.engine.step import Stepper
 from adalora_cli.methods import apply_method
 from adalora_cli.methods.sora import SoRALinear, prox, xi_at
@@ -105,7 +106,8 @@ def test_rank_decisions_equal_the_reference_on_identical_gradients():
     start = [layer.gate.detach().tolist() for layer in layers]
     grads = [[torch.randn(4, generator=gen).tolist() for _ in layers] for _ in range(T)]
     train = TrainConfig(learning_rate=lr, max_grad_norm=0.0)
-    stepper = Stepper.build(model, handle, train, steps=T, device=torch.device("cpu"))
+    stepper = Stepper.build(model, handle, train, steps=T,
+                            precision=Precision.of(train.precision, torch.device("cpu")))
     got, reports = [], []
     for t in range(1, T + 1):
         for layer, grad in zip(layers, grads[t - 1]):
@@ -151,7 +153,8 @@ def test_a_step_the_fp16_loss_scaler_skips_moves_no_gate():
     start = [layer.gate.detach().tolist() for layer in layers]
     grads = [[torch.randn(4, generator=gen).tolist() for _ in layers] for _ in range(T)]
     train = TrainConfig(learning_rate=lr, max_grad_norm=0.0)
-    stepper = Stepper.build(model, handle, train, steps=T, device=torch.device("cpu"))
+    stepper = Stepper.build(model, handle, train, steps=T,
+                            precision=Precision.of(train.precision, torch.device("cpu")))
     stepper.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     stepper.scaler.scale(torch.ones(()))  # the scaler makes its scale on first use
     got, reports = [], []
