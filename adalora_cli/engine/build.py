@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from huggingface_hub.utils import GatedRepoError, HFValidationError
 from safetensors import SafetensorError
 
 from .. import resources
@@ -29,6 +28,7 @@ from ..methods.base import MethodHandle
 from ..methods.registry import check_method
 from ..tasks import get_task, gguf
 from ..tasks.base import Task, TaskData
+from ..tasks.pretrained import LOAD_ERRORS, load_failed
 from . import selection, sharding
 from .distributed import World
 from .precision import Precision, decide
@@ -118,15 +118,8 @@ def load_model(task: Task, cfg: RunConfig, dtype: torch.dtype = torch.float32):
     try:
         check_model_type(name)
         return task.build_model(dtype=dtype)
-    except (OSError, HFValidationError) as err:  # missing folder, unknown or unreachable hub id
-        if isinstance(err.__cause__, GatedRepoError):  # Llama, Gemma, Mistral: licence first
-            raise ConfigError(
-                f"could not load model {name!r}: it is a gated repo ({first_line(err)}); "
-                f"accept its licence on https://huggingface.co/{name}, then log in with "
-                "`hf auth login` or set HF_TOKEN to a token of that account") from None
-        raise ConfigError(
-            f"could not load model {name!r} ({first_line(err)}); "
-            "set model.name_or_path to a local folder or check the network") from None
+    except LOAD_ERRORS as err:  # missing folder, unknown, unreachable or gated hub repo
+        raise load_failed(name, err) from None
     except SafetensorError as err:  # a weights file cut short (an interrupted download)
         file = damaged_weights(name)
         what = str(file) if file else f"a weights file of model {name}"

@@ -24,11 +24,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, RunConfig
-from ..errors import first_line
 from . import data as rawdata
 from . import eval_order, metrics, progress
 from .base import Task, TaskData, require
-from .pretrained import from_pretrained, load_tokenizer
+from .pretrained import LOAD_ERRORS, from_pretrained, load_failed, load_tokenizer
 
 GLUE_HUB = "nyu-mll/glue"
 
@@ -110,10 +109,8 @@ class TextClassificationTask(Task):
             tokenizer = load_tokenizer(path)
             model = from_pretrained(getattr(transformers, self.model_class), path, dtype,
                                     **kwargs)
-        except OSError as err:  # missing folder, hub unreachable, no such repo
-            first = first_line(err)[:200]
-            raise ConfigError(f"could not load model {path} ({first}); set "
-                              "model.name_or_path to a local checkpoint folder") from None
+        except LOAD_ERRORS as err:  # missing folder, hub unreachable, no such or gated repo
+            raise load_failed(path, err) from None
         return model, tokenizer
 
     # ---------------------------------------------------------------- data

@@ -20,12 +20,46 @@ from typing import Any
 
 import torch
 import transformers
+from huggingface_hub.utils import GatedRepoError, HFValidationError
 from packaging.version import Version
 
+from ..config import ConfigError
+from ..errors import first_line
 from . import gguf
 
 DTYPE_KEYWORD = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 """transformers 4.56 renamed ``torch_dtype`` to ``dtype``; older releases know only the old name."""
+
+
+LOAD_ERRORS = (OSError, HFValidationError)
+"""What loading a model raises when it cannot: a missing folder, a hub id that is unknown,
+unreachable or malformed, a gated repo (an OSError caused by huggingface_hub's
+GatedRepoError). :func:`load_failed` says which in one line."""
+
+
+def load_failed(name: str, err: BaseException) -> ConfigError:
+    """The one error for a model that did not load, whichever task family or loader met
+    it: a gated repo (Llama, Gemma, Mistral) says how to get access, anything else where to
+    point ``model.name_or_path``."""
+    if _gated(err):
+        return ConfigError(
+            f"could not load model {name!r}: it is a gated repo ({first_line(err)}); "
+            f"accept its licence on https://huggingface.co/{name}, then log in with "
+            "`hf auth login` or set HF_TOKEN to a token of that account")
+    return ConfigError(f"could not load model {name!r} ({first_line(err)}); set "
+                       "model.name_or_path to a local folder or check the network")
+
+
+def _gated(err: BaseException | None) -> bool:
+    """Whether ``err`` or an error it was raised from is the hub's gated-repo refusal
+    (transformers wraps it in an OSError, sometimes twice)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, GatedRepoError):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def from_pretrained(auto_class: Any, path: str, dtype: torch.dtype = torch.float32,

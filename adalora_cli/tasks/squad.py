@@ -34,12 +34,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, RunConfig
-from ..errors import first_line, writing
+from ..errors import writing
 from ..rundir.layout import PREDICTIONS, split_predictions
 from . import data as rawdata
 from . import eval_order, progress, squad_postprocess, squad_scoring
 from .base import Task, TaskData, no_autocast, require
-from .pretrained import from_pretrained, load_tokenizer
+from .pretrained import LOAD_ERRORS, from_pretrained, load_failed, load_tokenizer
 from .squad_features import QAExample, QAFeatures, build_features
 
 COLUMNS = ("id", "context", "question", "answers")
@@ -163,10 +163,8 @@ class SquadTask(Task):
                     f"{type(tokenizer).__name__}; add a tokenizer.json to the model folder "
                     "(or install tokenizers and sentencepiece)")
             model = from_pretrained(getattr(transformers, self.model_class), path, dtype)
-        except OSError as err:  # missing folder, hub unreachable, no such repo
-            first = first_line(err)[:200]
-            raise ConfigError(f"could not load model {path} ({first}); set "
-                              "model.name_or_path to a local checkpoint folder") from None
+        except LOAD_ERRORS as err:  # missing folder, hub unreachable, no such or gated repo
+            raise load_failed(path, err) from None
         return model, tokenizer
 
     def _dataset(self) -> str:
