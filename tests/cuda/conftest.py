@@ -2,7 +2,7 @@
 CUDA device every test here skips, with the reason; `make test` leaves the marker out.
 
 ``ADALORA_TEST_DEVICE=cpu`` rehearses the suite on the CPU (each "GPU" side then runs on the
-CPU too), so a change to these tests can be tried before device time is spent on it."""
+CPU too), so a change to these tests can be tried on any machine before a GPU runs it."""
 
 from __future__ import annotations
 
