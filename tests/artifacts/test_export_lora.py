@@ -37,10 +37,11 @@ from typer.testing import CliRunner
 
 from adalora_cli.artifacts.load import load_run
 from adalora_cli.artifacts.merged import merge_into_base
-from adalora_cli.artifacts.plain_lora import check_lora_method, write_lora
+from adalora_cli.artifacts.plain_lora import FOLDS, NOT_PLAIN, check_lora_method, write_lora
 from adalora_cli.cli import app
 from adalora_cli.config import ConfigError
 from adalora_cli.methods import apply_method
+from adalora_cli.methods.registry import METHODS
 from adalora_cli.rundir.summary import Summary
 from tests.conftest import FIXTURES, ROOT, copy_of
 from tests.methods._tiny import run_config
@@ -194,6 +195,16 @@ def test_the_lora_shaped_baselines_fold_to_plain_lora(families, tmp_path, method
     torch.testing.assert_close(_outputs(theirs, batch), ours, atol=1e-5, rtol=0)
     torch.testing.assert_close(_outputs(one_alpha_loader(folder, auto, out), batch), ours,
                                atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("method", [n for n, s in METHODS.items() if s.targeted])
+def test_every_low_rank_method_has_a_fold_or_a_reason(families, method):
+    """A new method that wraps linear modules needs an entry in FOLDS (how its update is
+    lora_B @ lora_A) or in NOT_PLAIN (why it is none)."""
+    folder, auto = families["llama"]
+    _, _, handle = _adapted(folder, auto, method)
+    kinds = {type(layer) for _, layer in handle.layers}
+    assert kinds and kinds <= set(FOLDS) | set(NOT_PLAIN), (method, kinds)
 
 
 def test_dora_layers_are_refused_in_one_line(families, tmp_path):
