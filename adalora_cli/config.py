@@ -708,6 +708,33 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """What scores the trained model after the run, besides its own evaluation."""
+
+    harness: list[str] = field(default_factory=list)
+    """lm-evaluation-harness tasks (``lm-eval``, the ``harness`` extra) to score a decoder
+    run's adapted model on once training has finished, in-process; with
+    ``train.eval_at_start`` the base model too. lm-eval's task names (gsm8k, arc_easy, ...)
+    and the ones adalora ships (bbc_topic_chat). Results: ``harness.json`` in the run
+    directory. Empty: none. ``adalora eval RUN --harness TASKS`` scores a finished run."""
+    harness_limit: int | None = None
+    """Score only the first this many rows of each harness task; None: every row."""
+    harness_chat_template: bool | None = None
+    """Render harness prompts with the tokenizer's chat template; None: whenever the
+    tokenizer has one (an instruct model), as the run's own chats are rendered."""
+
+    def __post_init__(self) -> None:
+        _check(all(isinstance(t, str) and t.strip() and "," not in t for t in self.harness),
+               f"eval.harness must list task names, got {self.harness}; write e.g. "
+               "eval.harness=[bbc_topic_chat,gsm8k]")
+        _check(len(set(self.harness)) == len(self.harness),
+               f"eval.harness names a task twice ({self.harness}); list each once")
+        _check(self.harness_limit is None or self.harness_limit >= 1,
+               f"eval.harness_limit must be >= 1 (or null: every row), got "
+               f"{self.harness_limit}")
+
+
+@dataclass(frozen=True)
 class TuneConfig:
     """Set by ``adalora tune`` on each trial run (docs/tuning.md); unset for any other run.
     A trial reports its tuning metric at every periodic evaluation to its study, which may
@@ -751,6 +778,7 @@ class RunConfig:
     sweep: SweepMeta = field(default_factory=SweepMeta)
     log: LogConfig = field(default_factory=LogConfig)  # trackers mirror the run directory
     tune: TuneConfig = field(default_factory=TuneConfig)  # a trial of adalora tune
+    eval: EvalConfig = field(default_factory=EvalConfig)  # scores after training
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -1003,8 +1031,9 @@ def _give_way(data: dict[str, Any], keys: list[str]) -> None:
 
 
 RESUMABLE_KEYS = ("train.save_every", "train.keep_checkpoints", "train.device",
-                  "train.eval_batch_size", "train.sharding", "log.")
-"""Overrides a resumed run accepts: where and how it runs, not what it computes. (A
+                  "train.eval_batch_size", "train.sharding", "log.", "eval.")
+"""Overrides a resumed run accepts: where and how it runs, not what it computes, and what
+scores it after training (``eval.``). (A
 checkpoint itself is written either whole or sharded: resuming one under the other
 sharding is refused by engine/checkpoint.py, with what to do.)"""
 

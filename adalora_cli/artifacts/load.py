@@ -51,33 +51,55 @@ def load_run(run_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torc
     """Rebuild a finished run's model with its trained weights: ``(model, tokenizer, cfg)``;
     its frozen base in ``dtype`` (the trained adapter and head stay fp32)."""
     run_dir = Path(run_dir)
+    model, tokenizer, cfg = load_base(run_dir, dtype, trained=True)
+    if not method_spec(cfg.method.name).saves_whole_model:
+        attach_trained(model, cfg, run_dir, dtype)
+    return model.to(device), tokenizer, cfg
+
+
+def load_base(run_dir: str | Path, dtype: torch.dtype = torch.float32, trained: bool = False):
+    """The run's pretrained model as its build loaded it, before any method was applied:
+    ``(model, tokenizer, cfg)`` on the CPU. With ``trained``, a run that saves the whole
+    model (full fine-tuning) gives its trained model instead, and a run without weights is
+    refused first. :func:`attach_trained` makes the base the run's trained model."""
+    run_dir = Path(run_dir)
     cfg = resolve_resources(load_config(run_dir / CONFIG))
-    check_weights(run_dir, cfg)
+    if trained:
+        check_weights(run_dir, cfg)
     check_unchanged(run_dir, cfg.model.name_or_path)  # a GGUF base: the file trained on
-    whole = method_spec(cfg.method.name).saves_whole_model
+    whole = trained and method_spec(cfg.method.name).saves_whole_model
+    built = cfg
     if whole:
-        cfg = dataclasses.replace(
+        built = dataclasses.replace(
             cfg, model=dataclasses.replace(cfg.model, name_or_path=str(run_dir / FULL_MODEL)))
     # Weights a checkpoint lacks (e.g. BERT's pooler in a masked-LM checkpoint) are freshly
     # initialized and stay frozen, so they are not saved: replay the run's seed so that
     # the rebuilt model draws the same values.
     seed_everything(cfg.train.seed)
-    task = get_task(cfg)
+    task = get_task(built)
     # a whole model trained every weight in fp32: there is no frozen base to cast
-    model, tokenizer = load_model(task, cfg, torch.float32 if whole else dtype)
-    if not whole:
-        handle = apply_method(model, cfg, None)
-        trained_in_fp32(handle.trainable)  # a head made beside a bf16 base is made in bf16
-        try:
-            state = load_file(str(run_dir / WEIGHTS))
-        except Exception as err:  # noqa: BLE001 - safetensors' own error type: a damaged file
-            raise ConfigError(f"{run_dir / WEIGHTS} cannot be read ({first_line(err)}): it is "
-                              "damaged or truncated; restore it, or train the run again"
-                              ) from None
-        missing = set(state) - {name for name, _ in model.named_parameters()}
-        if missing:
-            raise ValueError(f"{run_dir / WEIGHTS} holds tensors the rebuilt model lacks: "
-                             f"{sorted(missing)[:3]}")
-        model.load_state_dict(state, strict=False)
-        cast_frozen(model, dtype)  # as the build does after loading: e.g. BERT's pooler
-    return model.to(device), tokenizer, cfg
+    model, tokenizer = load_model(task, built, torch.float32 if whole else dtype)
+    return model, tokenizer, built
+
+
+def attach_trained(model: torch.nn.Module, cfg: RunConfig, run_dir: str | Path,
+                   dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Apply the run's method to the base from :func:`load_base` (in place) and load its
+    trained tensors: the run's model, for a method that saves only what it trained."""
+    run_dir = Path(run_dir)
+    check_weights(run_dir, cfg)
+    handle = apply_method(model, cfg, None)
+    trained_in_fp32(handle.trainable)  # a head made beside a bf16 base is made in bf16
+    try:
+        state = load_file(str(run_dir / WEIGHTS))
+    except Exception as err:  # noqa: BLE001 - safetensors' own error type: a damaged file
+        raise ConfigError(f"{run_dir / WEIGHTS} cannot be read ({first_line(err)}): it is "
+                          "damaged or truncated; restore it, or train the run again"
+                          ) from None
+    missing = set(state) - {name for name, _ in model.named_parameters()}
+    if missing:
+        raise ValueError(f"{run_dir / WEIGHTS} holds tensors the rebuilt model lacks: "
+                         f"{sorted(missing)[:3]}")
+    model.load_state_dict(state, strict=False)
+    cast_frozen(model, dtype)  # as the build does after loading: e.g. BERT's pooler
+    return model

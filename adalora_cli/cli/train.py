@@ -62,6 +62,7 @@ def train(
     request = TrainRequest(config, list(overrides or []), run_dir, resume, dry_run, quiet,
                            nproc, argv=sys.argv[2:])
     with boundary(interrupted="interrupted; the run directory is marked failed"):
+        check_harness(request)  # eval.harness: refused before anything trains
         outcome = run_train(request, note=note)
     if outcome.exit_code is not None:
         raise typer.Exit(outcome.exit_code)  # each rank said what there was to say
@@ -69,6 +70,43 @@ def train(
         print_dry_run(outcome.dry_run)
     elif rank0():  # under torchrun, rank 0 speaks for the run
         print_result(outcome.run_dir)
+        harness_after(outcome.run_dir, quiet)
+
+
+def check_harness(request) -> None:
+    """A config's ``eval.harness`` that could not run after training (no lm-eval, an unknown
+    task, a run that is no decoder's) is refused before the run starts."""
+    from ..artifacts.harness import check_config
+    from ..config import load_config, resume_config
+    from ..rundir.layout import CONFIG
+
+    if request.resume is not None:
+        extra = [request.config] if request.config and "=" in request.config else []
+        cfg = resume_config(request.resume / CONFIG, extra + list(request.overrides))
+    elif request.config is not None:
+        cfg = load_config(request.config, request.overrides)
+    else:
+        return  # run_train says what is missing
+    check_config(cfg, "eval.harness")
+
+
+def harness_after(run_dir: Path, quiet: bool) -> None:
+    """``eval.harness``: the finished run scored by lm-evaluation-harness (with
+    ``train.eval_at_start``, its base model too), each score beside the run's own."""
+    from ..artifacts.harness import lines, score_run
+    from ..config import load_config
+    from ..rundir.layout import CONFIG, HARNESS
+
+    cfg = load_config(run_dir / CONFIG)
+    if not cfg.eval.harness:
+        return
+    with boundary(interrupted=f"interrupted; the run {run_dir} itself finished"):
+        scored = score_run(run_dir, limit=cfg.eval.harness_limit,
+                           base=cfg.train.eval_at_start, quiet=quiet)
+    console = out()
+    for line in lines(run_dir, scored):
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"harness scores: {run_dir / HARNESS}", highlight=False, soft_wrap=True)
 
 
 def print_dry_run(result: DryRun) -> None:

@@ -26,6 +26,8 @@ from ..rundir.layout import (
     CONFIG,
     EVAL,
     FULL_MODEL,
+    HARNESS,
+    HARNESS_SAMPLES,
     STATUS,
     SUMMARY,
     TENSORBOARD_DIR,
@@ -84,7 +86,7 @@ class Run:
 # --------------------------------------------------------------------------- reading
 
 
-RUN_FOLDERS = {FULL_MODEL, CHECKPOINTS, EVAL, TENSORBOARD_DIR, WANDB_DIR}
+RUN_FOLDERS = {FULL_MODEL, CHECKPOINTS, EVAL, TENSORBOARD_DIR, WANDB_DIR, HARNESS_SAMPLES}
 """A run's own subfolders: never searched for runs."""
 
 
@@ -143,6 +145,25 @@ def column_values(task: str, report: TaskReport, metrics: dict) -> dict[Column, 
         out[Column(f"{task}:{spec.label}", task, report.title, spec.label,
                    bool(spec.lower_is_better))] = (
             float(value) * spec.scale if ok else None)
+    return out
+
+
+def harness_values(path: Path, task: str) -> dict[str, float]:
+    """The adapted model's lm-evaluation-harness scores (``harness.json``, written by
+    ``eval.harness`` or ``adalora eval --harness``) as columns of the run's task, labelled
+    ``lm-eval <harness task> <metric>``, as lm-eval reports them (a fraction for its own
+    accuracy tasks; x 100 for the tasks adalora ships, like the run's own scores)."""
+    try:
+        record = json.loads((path / HARNESS).read_text())
+    except (OSError, ValueError):  # none, or unreadable: the run's own columns only
+        return {}
+    adapted = record.get("adapted") if isinstance(record, dict) else None
+    out: dict[str, float] = {}
+    for name, scores in (adapted if isinstance(adapted, dict) else {}).items():
+        for metric, value in (scores if isinstance(scores, dict) else {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and math.isfinite(value):
+                out[f"{task}:lm-eval {name} {metric}"] = float(value)
     return out
 
 
@@ -226,6 +247,8 @@ def load_run(path: Path, eval_name: str | None = None) -> Run | str:
                              else task_report(task, summary.metrics))
     values = {col.key: v for col, v in column_values(task, report, summary.metrics).items()
               if v is not None}
+    if eval_name is None:
+        values.update(harness_values(path, task))
     if not values:
         return f"no metrics for task {task!r} in summary.json"
     if cfg is not None:  # recomputed, so runs of every version compare by one definition

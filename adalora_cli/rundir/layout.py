@@ -24,6 +24,10 @@ Layout (all names fixed, so reports can rely on them)::
     predictions.json    SQuAD: {id: answer} (predictions_<split>.json with several splits)
     predictions.jsonl   summarization, causal_lm (when generating): one row per example
     eval/<name>.json    later re-scoring with adalora eval (never touches the above)
+    harness.json        lm-evaluation-harness scores (eval.harness, or adalora eval --harness):
+                        {"adapted": {task: {metric: value}}, "base": ...}
+    harness/            each harness task's scored rows: <model>-<task>.jsonl (model adapted
+                        or base; prompt, response, target)
     trackers.json       with log.to: each tracker's run id, so a resumed run reattaches
     tensorboard/        with log.to=[tensorboard]: the event files
     wandb/              with log.to=[wandb]: W&B's local run folders
@@ -75,6 +79,10 @@ def split_predictions(split: str) -> str:
 LOCK = ".lock"
 EVAL = "eval"
 """``adalora eval`` writes ``eval/<name>.json`` (and predictions in ``eval/<name>/``)."""
+HARNESS = "harness.json"
+"""lm-evaluation-harness scores of the adapted (and base) model, by task and metric."""
+HARNESS_SAMPLES = "harness"
+"""``harness/<model>-<task>.jsonl``: the rows each harness task scored."""
 LAUNCH = "launch.json"
 """Written by the sweep that is starting a run's process, so another sweep leaves it alone."""
 STREAMS = (METRICS, RANK_HISTORY)
@@ -85,7 +93,8 @@ TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
 RUN_NAMES = (CONFIG, STATUS, HEARTBEAT, METRICS, RANK_HISTORY, RANK_PATTERN, HEATMAP, WEIGHTS,
              ALLOCATOR_STATE, FULL_MODEL, SUMMARY, CHECKPOINTS, PREDICTIONS, PREDICTIONS_JSONL,
-             EVAL, TRACKERS, TENSORBOARD_DIR, WANDB_DIR, LOCK, LAUNCH, BEST)
+             EVAL, TRACKERS, TENSORBOARD_DIR, WANDB_DIR, LOCK, LAUNCH, BEST, HARNESS,
+             HARNESS_SAMPLES)
 """Every name a run writes at the top of its directory (SQuAD's per-split predictions
 aside)."""
 
