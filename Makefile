@@ -77,8 +77,12 @@ demo: install          ## real pretrained MiniLM on real Rotten Tomatoes reviews
 demo-summarization: install  ## MiniLM warm-started encoder-decoder on BBC News articles
 	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/bbc_news.yaml
 
+# eval.harness: lm-evaluation-harness scores the same chats (the bbc_topic_chat task shipped
+# in adalora_cli/tasks/harness_tasks/) on the base and the adapted model, each printed beside
+# the run's own exact match
 demo-llm: install      ## SmolLM2-135M-Instruct (GGUF) on BBC topic chats: base vs adapted
-	HF_HUB_OFFLINE=1 $(VENV)/bin/adalora train configs/demo/smollm2_bbc_topic.yaml
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/adalora train \
+	  configs/demo/smollm2_bbc_topic.yaml "eval.harness=[bbc_topic_chat]"
 
 bench: install         ## step-time ratios, then time to result vs HF Trainer + PEFT (demo)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py
