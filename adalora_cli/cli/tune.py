@@ -41,7 +41,7 @@ def tune(
       adalora tune experiments/tune_smoke.yaml
       adalora tune experiments/tune_rotten_tomatoes.yaml --jobs 2
       adalora tune experiments/tune_rotten_tomatoes.yaml --status
-      adalora tune experiments/tune_table1_glue.yaml --launcher slurm --slurm time=4:00:00
+      adalora tune experiments/tune_table1_glue.yaml --launcher slurm
 
     Docs: docs/tuning.md"""
     from ..tune.command import TuneRequest, run_tune

@@ -39,8 +39,10 @@ class Tune:
         """Which data the choice was made on, in words."""
         if self.data.get("select_on") == "validation":
             return "the validation split (the paper's protocol)"
-        return (f"{self.data.get('holdout')} training rows held out by row hash (not trained "
-                "on; the validation split is untouched)")
+        sizes = {c.get("holdout", self.data.get("holdout")) for c in self.data["cells"]}
+        many = "rows" if len(sizes) > 1 else f"{sizes.pop()} rows"
+        return (f"training {many} held out by row hash (not trained on; the validation "
+                "split is untouched)")
 
 
 def read_tunes(paths: list[Path]) -> tuple[list[Tune], list[str]]:
@@ -84,6 +86,8 @@ def rows(tune: Tune) -> list[dict[str, str]]:
             "Search space": "; ".join(f"{k.split('.')[-1]} {v}" for k, v in c["space"].items()),
             "Trials": f"{len(ended)}/{c.get('trials_planned', len(trials))}",
             "Pruned": str(sum(t["state"] == "pruned" for t in trials)),
+            "Chosen on": (f"{c.get('holdout', tune.data.get('holdout'))} held-out rows"
+                          if tune.data.get("select_on") != "validation" else "validation"),
         })
     return out
 

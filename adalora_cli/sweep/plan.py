@@ -171,6 +171,9 @@ def _group(raw: object, i: int, path: Path, seeds: list[int]) -> Group:
 
 def load_manifest(path: Path) -> SweepSpec:
     data = read_yaml(path)
+    if any(isinstance(g, dict) and "search" in g for g in data.get("runs") or []):
+        raise ConfigError(f"{path} is a tune manifest (its groups say what to search); run "
+                          f"adalora tune {path}")
     unknown = sorted(set(data) - {"name", "description", "seeds", "overrides", "runs"})
     if unknown:
         raise ConfigError(f"{path}: unknown manifest key {unknown[0]}; "

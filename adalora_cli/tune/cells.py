@@ -33,14 +33,16 @@ class Cell:
     metric: str
     """``split/metric`` the study scores."""
     lower_is_better: bool
+    holdout: int | None = None
+    """Training rows its trials hold out (None: chosen on the validation split)."""
 
     def trial(self, spec: TuneSpec, number: int, params: dict[str, Any],
               record: Path) -> PlannedRun:
         """Trial ``number`` with ``params`` (a searched value per key), reporting to the
         study whose record is ``record``."""
         extra = [override(k, v) for k, v in params.items()]
-        if spec.select_on == "heldout":
-            extra.append(f"task.holdout={spec.holdout}")
+        if self.holdout is not None:
+            extra.append(f"task.holdout={self.holdout}")
         extra += [f"tune.study={record.resolve()}", f"tune.trial={number}",
                   f"tune.metric={self.metric}"]
         overrides = (*self.base.overrides, *extra)
@@ -94,26 +96,27 @@ def plan_cells(spec: TuneSpec) -> list[Cell]:
                 raise ConfigError(f"{where}: cell {name} is tuned twice; give one of the "
                                   "groups a tag:")
             cells.append(Cell(name, run.method, run.budget_level, run, group, tg.search,
-                              metric, lower))
+                              metric, lower, tg.holdout))
     return cells
 
 
 def check_holdout(spec: TuneSpec, cells: list[Cell]) -> None:
     """``holdout:`` must leave training rows: each config's training split is read once
     (the task refuses a held-out slice as large as it, and tasks that cannot hold out)."""
-    if spec.select_on != "heldout":
-        return
     from ..tasks import get_task
     from ..tasks.data import carve_holdout
 
     seen: set[tuple] = set()
     for cell in cells:
+        if cell.holdout is None:
+            continue
         cfg = load_config(cell.base.config, [*cell.base.overrides,
-                                              f"task.holdout={spec.holdout}"])
-        key = (cfg.task.name, cfg.task.data_dir, str(cfg.task.data_files), cfg.task.dataset)
+                                              f"task.holdout={cell.holdout}"])
+        key = (cfg.task.name, cfg.task.data_dir, str(cfg.task.data_files), cfg.task.dataset,
+               cell.holdout)
         if key in seen:
             continue
         seen.add(key)
         task = get_task(cfg)
         raw = task.load_raw()
-        carve_holdout(raw, spec.holdout, f"the training split of {cell.base.config}")
+        carve_holdout(raw, cell.holdout, f"the training split of {cell.base.config}")

@@ -196,7 +196,7 @@ def write_tune_record(spec: TuneSpec, cells: list[Cell], studies: dict, where: P
         "sampler": spec.sampler, "pruner": spec.pruner,
         "cells": [{
             "name": c.name, "method": c.method, "budget_level": c.budget_level,
-            "config": str(c.base.config), "metric": c.metric,
+            "config": str(c.base.config), "metric": c.metric, "holdout": c.holdout,
             "direction": "minimize" if c.lower_is_better else "maximize",
             "space": {s.key: s.words() for s in c.spaces},
             "trials_planned": n_trials(c, spec),

@@ -37,7 +37,7 @@ PRUNERS = ("none", "median", "halving")
 SELECT_ON = ("heldout", "validation")
 _TOP = ("name", "description", "seeds", "overrides", "runs", "select_on", "holdout", "metric",
         "sampler", "pruner")
-_GROUP = ("configs", "methods", "budgets", "overrides", "tag", "search")
+_GROUP = ("configs", "methods", "budgets", "overrides", "tag", "search", "holdout")
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _PRUNER_KEYS = {"median": ("startup_trials", "warmup_steps"),
                 "halving": ("min_resource", "reduction_factor"), "none": ()}
@@ -48,6 +48,9 @@ class TuneGroup:
     group: Group
     """The configs x methods x budgets, as a sweep plans them (seeds: the manifest's)."""
     search: tuple[Space, ...]
+    holdout: int | None = None
+    """Training rows held out for these configs (select_on: heldout): the group's
+    ``holdout:``, else the manifest's."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,15 @@ def _pruner(data: dict, path: Path) -> dict[str, Any]:
     return pruner
 
 
+def _holdout(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{where}: select_on: heldout needs holdout: N, the training rows "
+                          f"held out to choose on (N >= 1), got {shown(value)}")
+    return value
+
+
 def _tune_group(raw: object, i: int, path: Path, seeds: list[int],
-                shared: list[str]) -> TuneGroup:
+                shared: list[str], holdout: Any, select_on: str) -> TuneGroup:
     where = f"{path}: runs[{i}]"
     if not isinstance(raw, dict) or "configs" not in raw or "methods" not in raw:
         raise ConfigError(f"{where} must be a mapping with configs:, methods: and search:")
@@ -138,7 +148,11 @@ def _tune_group(raw: object, i: int, path: Path, seeds: list[int],
                   overrides=shared + _check_overrides(
                       [str(o) for o in raw.get("overrides") or []], where), tag=tag)
     spaces = tuple(parse_space(str(k), v, where) for k, v in search.items())
-    return TuneGroup(group, spaces)
+    if select_on != "heldout":
+        if "holdout" in raw:
+            raise ConfigError(f"{where}: holdout: is for select_on: heldout; drop it")
+        return TuneGroup(group, spaces)
+    return TuneGroup(group, spaces, _holdout(raw.get("holdout", holdout), where))
 
 
 def load_tune_manifest(path: Path, extra: list[str] | None = None) -> TuneSpec:
@@ -161,10 +175,8 @@ def load_tune_manifest(path: Path, extra: list[str] | None = None) -> TuneSpec:
         raise ConfigError(f"{path}: select_on {shown(select_on)} must be heldout (rows held "
                           "out of the training split) or validation (the paper's protocol)")
     holdout = data.get("holdout")
-    if select_on == "heldout":
-        if not isinstance(holdout, int) or isinstance(holdout, bool) or holdout < 1:
-            raise ConfigError(f"{path}: select_on: heldout needs holdout: N, the training "
-                              f"rows held out to choose on (N >= 1), got {shown(holdout)}")
+    if select_on == "heldout" and holdout is not None:
+        _holdout(holdout, str(path))
     elif holdout is not None:
         raise ConfigError(f"{path}: holdout: is for select_on: heldout; drop it (select_on: "
                           "validation chooses on the validation split)")
@@ -176,6 +188,7 @@ def load_tune_manifest(path: Path, extra: list[str] | None = None) -> TuneSpec:
     if metric is not None and (not isinstance(metric, str) or "/" in metric or not metric):
         raise ConfigError(f"{path}: metric {shown(metric)} must be a metric name such as "
                           "accuracy (the split is select_on's)")
-    groups = [_tune_group(raw, i, path, seeds, shared) for i, raw in enumerate(data["runs"])]
+    groups = [_tune_group(raw, i, path, seeds, shared, holdout, select_on)
+              for i, raw in enumerate(data["runs"])]
     return TuneSpec(name, path, seeds, groups, select_on, holdout, metric,
                     _sampler(data, path), _pruner(data, path))

@@ -69,8 +69,8 @@ def test_the_report_shows_the_search_apart_from_the_results(smoke_tune, tmp_path
     text = (tmp_path / "rep" / "report.md").read_text()
     results, tuning = text.split("## Tuning")
     assert "(1) |" in results and "(4) |" not in results  # seed runs only, no trial pooled
-    assert "16 training rows held out by row hash" in tuning
-    assert tuning.count("| 4/4 | 0 |") == 3  # trials run, pruned
+    assert "training 16 rows held out by row hash" in tuning
+    assert tuning.count("| 4/4 | 0 | 16 held-out rows |") == 3  # trials run, pruned
     assert (tmp_path / "rep" / "figures" / "tune_lr_tune_smoke-glue-b16.png").is_file()
 
 
