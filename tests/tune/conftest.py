@@ -6,6 +6,7 @@ and its resumption are what is tested, so a launcher that trains in-process stan
 from __future__ import annotations
 
 import io
+import shutil
 from pathlib import Path
 
 import pytest
@@ -83,4 +84,5 @@ def smoke_tune(tmp_path_factory):
         launcher = InProcess()
         code, output = tune(path, tmp / "sweep", launcher)
     assert code == 0, output
+    shutil.copy(path, tmp / "sweep" / "manifest.yaml")  # for --status
     return tmp / "sweep", launcher, output

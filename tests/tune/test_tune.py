@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from adalora_cli.cli import app
 from adalora_cli.config import load_config
 from adalora_cli.rundir.run import RunDir, is_finished
+from adalora_cli.sweep.runs import run_state
 from adalora_cli.tune.study import optuna
 
 from .conftest import InProcess, manifest, tune
@@ -74,6 +75,16 @@ def test_the_report_shows_the_search_apart_from_the_results(smoke_tune, tmp_path
     assert (tmp_path / "rep" / "figures" / "tune_lr_tune_smoke-glue-b16.png").is_file()
 
 
+def test_status_says_where_every_study_stands(smoke_tune, in_repo):
+    where, _, _ = smoke_tune
+    result = CliRunner().invoke(app, ["tune", str(where / "manifest.yaml"), "--status",
+                                      "--sweep-dir", str(where)])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "glue-" in line]
+    assert sum("4/4" in line and "0.5625" in line for line in lines) >= 2, result.output
+    assert "3 finished" in result.output  # the seed runs, as adalora sweep --status says
+
+
 def _study(where: Path, cell: str) -> list[tuple]:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
@@ -125,6 +136,7 @@ def test_a_diverging_trial_is_pruned_and_says_so(tmp_path, in_repo):
     assert status["status"] == "pruned" and "diverged" in status["reason"]
     assert status["step"] == 3  # the step whose loss became nan, as the run's log said
     assert not (tmp_path / "sweep" / trials[10000.0]["run"] / "summary.json").exists()
+    assert run_state(tmp_path / "sweep" / trials[10000.0]["run"]) == "pruned"  # never resumed
     assert record(tmp_path / "sweep")["cells"][0]["chosen"]["params"] == {
         "train.learning_rate": 0.01}
 
