@@ -84,8 +84,21 @@ demo-llm: install      ## SmolLM2-135M-Instruct (GGUF) on BBC topic chats: base 
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/adalora train \
 	  configs/demo/smollm2_bbc_topic.yaml "eval.harness=[bbc_topic_chat]"
 
-bench: install         ## step-time ratios, then time to result vs HF Trainer + PEFT (demo)
+# on a GPU also: step times in bf16 at the demo and the paper's DeBERTaV3-base and
+# BART-large shapes (AdaLoRA / LoRA, ours / PEFT); everywhere, tokens per second of the
+# LLM demo's fine-tuning, ours against HF Trainer + PEFT LoRA
+bench: install         ## step-time ratios, LLM tokens/s, then time to result vs HF Trainer + PEFT
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py
+	@if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+	  for shape in demo deberta-v3-base bart-large; do \
+	    HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py --device cuda --precision bf16 \
+	      --shape $$shape || exit 1; \
+	  done; \
+	  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/llm_tokens.py --device cuda \
+	    --precision bf16 || exit 1; \
+	else \
+	  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/llm_tokens.py || exit 1; \
+	fi
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/ddp_step.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/time_to_result.py $(BENCH_ARGS)
 
