@@ -16,6 +16,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -250,9 +251,152 @@ def _own_deferred(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: 
     return run.path
 
 
-def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
-          latest: Path | None, trackers: Trackers, w: World) -> Summary | None:
-    """The run's summary (None on ranks other than 0, which write nothing)."""
+@dataclass
+class LoopState:
+    """The loop's state in one object: what :func:`setup` made (the model as it trains,
+    the step, the data order, the best-step selection) and where the run stands (``pos``,
+    what a checkpoint saves), with what every step boundary does to it."""
+
+    built: Built
+    run: RunDir | Silent
+    stop: StopSignals
+    w: World
+    quiet: bool
+    latest: Path | None
+    """The checkpoint this attempt resumed from; None for a fresh start."""
+    model: torch.nn.Module
+    """The model the step trains: ``built.model``, wrapped under DDP."""
+    stepper: Stepper
+    generator: torch.Generator
+    """The data order's generator, checkpointed with each epoch's start."""
+    batches: EpochBatches
+    loader: DataLoader
+    selection: best.Selection | None
+    """train.select=best's judge of the evaluations; None without it."""
+    pos: ckpt.Position
+    dataset: dict[str, Any]
+    """The data's sizes and fingerprint, for every checkpoint (rank 0's; {} elsewhere)."""
+    sharded: bool
+    start: float = 0.0
+    """When this attempt's training began (perf_counter): the run's time adds to it."""
+    logger: RunLogger | None = None
+    beat: Any = None
+    """The run directory's heartbeat; its step is the run's last."""
+
+    def stopped_early(self) -> bool:
+        return self.selection is not None and self.selection.stopped_at is not None
+
+    def stop_now(self):
+        """Where a stop signal ends an evaluation at once. Under FSDP every forward is
+        collective: a stop may not cut one process's evaluation short while the others
+        wait in it, so there it is honoured after the evaluation."""
+        return contextlib.nullcontext() if self.sharded else self.stop.immediate()
+
+    def stopped(self, why: str | None) -> Preempted:
+        return Preempted(f"stopped by {why or 'a signal to another process'} at step "
+                         f"{self.pos.step}; resume with "
+                         f"{resume_command(self.run.path, self.w.size)}", step=self.pos.step)
+
+    def evaluate(self, step: int) -> dict[str, dict[str, float]]:
+        return _evaluate(self.built, self.stepper, step, self.logger, self.w)
+
+    def save(self, before_eval: tuple[list, dict] | None = None) -> None:
+        """Checkpoint the run at ``pos.step`` (every rank's RNG states; rank 0 writes)."""
+        pos, selection, run = self.pos, self.selection, self.run
+        self.stepper.check_finite()  # never checkpoint weights a non-finite loss trained
+        pos.seconds_now = pos.seconds + time.perf_counter() - self.start
+        rngs = (before_eval[0] if before_eval  # every rank's
+                else gather(ckpt.rng_state(), self.w))
+        extra = {best.KEY: selection.record()} if selection is not None else {}
+        path = _save(run, self.built, self.stepper, self.generator, pos, rngs, self.dataset,
+                     self.w, before_eval, extra)
+        if path is not None:  # rank 0 wrote it
+            pos.checkpoint_bytes = _size(path)
+            if selection is not None:  # the bests no kept checkpoint resumes to go
+                best.after_checkpoint(run.path, pos.step, selection.step,
+                                      [int(c.name[5:]) for c in ckpt.checkpoints(run.path)])
+        pos.saved_step = pos.step
+
+    def choose(self, step: int, results: dict[str, dict[str, float]]) -> bool:
+        """Rank 0 judges the evaluation at ``step`` (train.select=best); every rank learns
+        the selection, or its refusal. True when ``step`` is the new best."""
+        outcome = None
+        if self.w.main:
+            try:
+                self.selection.observe(step, results, self.built.task)
+                outcome = ("ok", self.selection.record())
+            except ConfigError as err:
+                outcome = ("refused", str(err))
+        outcome = broadcast(outcome, self.w)
+        if outcome[0] != "ok":
+            raise ConfigError(outcome[1])
+        self.selection.restore(outcome[1])
+        return self.selection.step == step
+
+    def boundary(self, eval_due: bool, synced: bool) -> None:
+        """After optimizer step ``pos.step``: evaluate, checkpoint, honour a stop.
+        ``synced``: this step reads device values anyway (a logged row, a mask event); only
+        then, or before an evaluation or a checkpoint, do the processes of a distributed
+        run agree on a stop (an all-reduce the host waits for)."""
+        pos, t_cfg, w, selection = self.pos, self.built.cfg.train, self.w, self.selection
+        save_due = bool(t_cfg.save_every) and pos.step % t_cfg.save_every == 0
+        if eval_due:
+            self.stepper.check_finite()
+            # all an evaluation changes; gathered now, while every rank is here
+            before = (gather(ckpt.rng_state(), w), self.run.stream_sizes())
+            try:
+                with self.stop_now():
+                    results = self.evaluate(pos.step)
+            except Preempted:
+                self.save(before_eval=before)  # the resumed run evaluates this step again
+                raise self.stopped(self.stop.received) from None
+            if w.main:  # a tune trial reports to its study, which may stop it here
+                tune_trial.observe(self.built.cfg, pos.step, results)
+            if selection is not None and pos.step > 0:  # step 0: the untrained model
+                if self.choose(pos.step, results) and w.main:
+                    best.publish(self.run.path, pos.step,
+                                 trained_state(self.built.model, self.built.handle),
+                                 _controller_state(self.built.handle))
+                if selection.stop_due():
+                    selection.stopped_at = pos.step
+                    _say_early_stop(selection, self.quiet)
+        if save_due:
+            self.save()
+        if w.distributed and not (synced or eval_due or save_due):
+            return  # (one process checks its own flag for free, below)
+        if any_rank(self.stop.received is not None, w):  # every rank stops at this step
+            if pos.saved_step != pos.step:
+                self.save()
+            raise self.stopped(self.stop.received)
+
+    def summary(self, results: dict[str, dict[str, float]],
+                train_seconds: float) -> Summary | None:
+        """Write the outputs (rank 0) once training and its last evaluation are done; a
+        sharded model is gathered whole first, by every process."""
+        built, pos, selection = self.built, self.pos, self.selection
+        final = (sharding.gather_final(self.model, built.handle) if self.sharded
+                 else None)  # whole, once
+        if not self.w.main:
+            return None
+        # epochs actually run (fractional under max_steps): the report's time per epoch
+        epochs = pos.step / math.ceil(len(self.loader) / built.cfg.train.grad_accum)
+        chosen = selection.step if selection is not None else None
+        summary = write_outputs(built, self.run, results, train_seconds, epochs,
+                                pos.checkpoint_bytes, final,
+                                chosen_step=chosen if chosen != pos.step else None)
+        summary.precision = built.precision.record(self.stepper.skipped)
+        if selection is not None:
+            summary.selected = selection.summary(last_step=pos.step)
+        if built.cfg.train.eval_at_start:
+            summary.metrics_at_start = _metrics_at_start(self.run)
+        return summary
+
+
+def setup(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
+          latest: Path | None, w: World) -> LoopState:
+    """Everything the loop needs before its first step: the model placed (sharded, or on
+    the device and wrapped under DDP), the step, the same masks on every rank, the data
+    order and its loader, the selection, and the state ``latest`` restores."""
     cfg, model, data, handle, steps = built.cfg, built.model, built.data, built.handle, built.steps
     t_cfg, device = cfg.train, built.device
     sharded = sharding.enabled(cfg)
@@ -262,7 +406,7 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         model.to(device)
     model.train()
     if w.distributed and not sharded:  # DDP: gradients all-reduced (averaged) in backward;
-        # eval uses ``model``
+        # eval uses ``built.model``
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(
@@ -283,118 +427,49 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         best.remove(run.path)  # an attempt that left no checkpoint starts over
     pos = (_restore(latest, built, stepper, run, w, selection) if latest is not None
            else ckpt.Position())
-    # the data's sizes and fingerprint, for every checkpoint (only rank 0 writes them)
     dataset = data_record(data.train, data.eval_splits) if w.main else {}
+    return LoopState(built, run, stop, w, quiet, latest, model, stepper, generator, batches,
+                     loader, selection, pos, dataset, sharded, start=time.perf_counter())
 
-    start = time.perf_counter()
 
-    def save(before_eval: tuple[list, dict] | None = None) -> None:
-        stepper.check_finite()  # never checkpoint weights a non-finite loss trained
-        pos.seconds_now = pos.seconds + time.perf_counter() - start
-        rngs = before_eval[0] if before_eval else gather(ckpt.rng_state(), w)  # every rank's
-        extra = {best.KEY: selection.record()} if selection is not None else {}
-        path = _save(run, built, stepper, generator, pos, rngs, dataset, w, before_eval,
-                     extra)
-        if path is not None:  # rank 0 wrote it
-            pos.checkpoint_bytes = _size(path)
-            if selection is not None:  # the bests no kept checkpoint resumes to go
-                best.after_checkpoint(run.path, pos.step, selection.step,
-                                      [int(c.name[5:]) for c in ckpt.checkpoints(run.path)])
-        pos.saved_step = pos.step
-
-    def choose(step: int, results: dict[str, dict[str, float]]) -> bool:
-        """Rank 0 judges the evaluation at ``step`` (train.select=best); every rank learns
-        the selection, or its refusal. True when ``step`` is the new best."""
-        outcome = None
-        if w.main:
-            try:
-                selection.observe(step, results, built.task)
-                outcome = ("ok", selection.record())
-            except ConfigError as err:
-                outcome = ("refused", str(err))
-        outcome = broadcast(outcome, w)
-        if outcome[0] != "ok":
-            raise ConfigError(outcome[1])
-        selection.restore(outcome[1])
-        return selection.step == step
-
-    def stopped_early() -> bool:
-        return selection is not None and selection.stopped_at is not None
-
-    # Under FSDP every forward is collective: a stop may not cut one process's evaluation
-    # short while the others wait in it, so there it is honoured after the evaluation.
-    def stop_now():
-        return contextlib.nullcontext() if sharded else stop.immediate()
-
-    def stopped(why: str | None) -> Preempted:
-        return Preempted(f"stopped by {why or 'a signal to another process'} at step "
-                         f"{pos.step}; resume with {resume_command(run.path, w.size)}",
-                         step=pos.step)
-
-    def boundary(eval_due: bool, synced: bool) -> None:
-        """After optimizer step ``pos.step``: evaluate, checkpoint, honour a stop.
-        ``synced``: this step reads device values anyway (a logged row, a mask event); only
-        then, or before an evaluation or a checkpoint, do the processes of a distributed
-        run agree on a stop (an all-reduce the host waits for)."""
-        save_due = bool(t_cfg.save_every) and pos.step % t_cfg.save_every == 0
-        if eval_due:
-            stepper.check_finite()
-            # all an evaluation changes; gathered now, while every rank is here
-            before = (gather(ckpt.rng_state(), w), run.stream_sizes())
-            try:
-                with stop_now():
-                    results = _evaluate(built, stepper, pos.step, logger, w)
-            except Preempted:
-                save(before_eval=before)  # the resumed run evaluates this step again
-                raise stopped(stop.received) from None
-            if w.main:  # a tune trial reports to its study, which may stop it here
-                tune_trial.observe(cfg, pos.step, results)
-            if selection is not None and pos.step > 0:  # step 0: the untrained model
-                if choose(pos.step, results) and w.main:
-                    best.publish(run.path, pos.step, trained_state(built.model, handle),
-                                 _controller_state(handle))
-                if selection.stop_due():
-                    selection.stopped_at = pos.step
-                    _say_early_stop(selection, quiet)
-        if save_due:
-            save()
-        if w.distributed and not (synced or eval_due or save_due):
-            return  # (one process checks its own flag for free, below)
-        if any_rank(stop.received is not None, w):  # every rank stops at this step
-            if pos.saved_step != pos.step:
-                save()
-            raise stopped(stop.received)
-
+def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
+          latest: Path | None, trackers: Trackers, w: World) -> Summary | None:
+    """The run's summary (None on ranks other than 0, which write nothing): set up, score
+    what is due before the first step, train epoch by epoch to T (each step's boundary
+    evaluates, checkpoints and honours a stop), checkpoint, evaluate last, write."""
+    s = setup(built, run, stop, quiet, latest, w)
+    pos, t_cfg, steps, stepper = s.pos, built.cfg.train, built.steps, s.stepper
     # (the header said the precision, train.precision=auto's choice on a CPU included)
     with TrainProgress(total=steps, disable=quiet, start=pos.step) as progress, \
             _heartbeat(run, w) as beat, task_progress.listening(progress.report):
-        logger = RunLogger(run, trackers, progress, t_cfg.log_every, steps)
+        s.logger = RunLogger(run, trackers, progress, t_cfg.log_every, steps)
+        s.beat = beat
         beat.step = pos.step
         if pos.eval_pending:  # a resumed run whose last evaluation was cut short
-            boundary(eval_due=True, synced=True)
+            s.boundary(eval_due=True, synced=True)
         elif t_cfg.eval_at_start and pos.step == 0 and latest is None and steps > 0:
             # (a run of no steps, method none, is scored once: its final evaluation)
             try:  # nothing to checkpoint yet: a stop here leaves a run to start over
                 with stop.immediate():
-                    _evaluate(built, stepper, 0, logger, w)
+                    s.evaluate(0)
             except Preempted:
-                raise stopped(stop.received) from None
+                raise s.stopped(stop.received) from None
             progress.restart_clock()  # the eta is the training's, not the evaluation's
-        while pos.step < steps and not stopped_early():
+        while pos.step < steps and not s.stopped_early():
             if pos.epoch_start is None:  # a fresh epoch (not one being resumed)
-                pos.epoch_start, pos.consumed = generator.get_state(), 0
+                pos.epoch_start, pos.consumed = s.generator.get_state(), 0
             else:
-                generator.set_state(pos.epoch_start)
-            batches.skip = pos.consumed
+                s.generator.set_state(pos.epoch_start)
+            s.batches.skip = pos.consumed
             # The losses stay on the device (float64 sums, docs/training.md#host-syncs):
             # they are read only for a logged row, so other steps never wait for the GPU.
             micro, loss_sum = 0, None
-            for pieces in loader:  # one piece unless train.length_split > 1
-                loss, reg = stepper.backward_pieces(pieces, batches.weight, device)
-                loss = global_mean(loss, batches.weight, w)  # the global batch's mean
+            for pieces in s.loader:  # one piece unless train.length_split > 1
+                loss, reg = stepper.backward_pieces(pieces, s.batches.weight, built.device)
+                loss = global_mean(loss, s.batches.weight, w)  # the global batch's mean
                 micro, pos.consumed = micro + 1, pos.consumed + 1
                 loss_sum = loss if loss_sum is None else loss_sum + loss
-                if micro % t_cfg.grad_accum and pos.consumed < len(loader):
+                if micro % t_cfg.grad_accum and pos.consumed < len(s.loader):
                     continue
                 pos.step += 1
                 faults.hit("midstep", pos.step)
@@ -402,56 +477,41 @@ def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
                 # a non-finite loss ends the run (at the next check below), or is skipped
                 # under fp16 loss scaling
                 log = stepper.update(pos.step, mean)
-                row_due = logger.row_due(pos.step)
+                row_due = s.logger.row_due(pos.step)
                 if row_due or log.ranks is not None:
                     stepper.check_finite()
                 row = (_train_row(pos.step, float(mean), log, reg, stepper.handle.reg_name)
                        if row_due else None)
                 micro, loss_sum = 0, None
                 if log.ranks is not None:  # every rank must have chosen the same ranks
-                    check_masks(handle.allocator.mask, pos.step, w)
-                logger.step(pos.step, log, row)
+                    check_masks(built.handle.allocator.mask, pos.step, w)
+                s.logger.step(pos.step, log, row)
                 beat.step = pos.step
                 faults.hit("step", pos.step)
-                boundary(eval_due=bool(t_cfg.eval_every) and pos.step % t_cfg.eval_every == 0
-                         and pos.step < steps, synced=row_due or log.ranks is not None)
-                if pos.step >= steps or stopped_early():
+                s.boundary(eval_due=bool(t_cfg.eval_every) and pos.step % t_cfg.eval_every == 0
+                           and pos.step < steps, synced=row_due or log.ranks is not None)
+                if pos.step >= steps or s.stopped_early():
                     break
             else:  # the epoch ran out: the next one draws a new order
                 pos.epoch, pos.epoch_start = pos.epoch + 1, None
         if pos.saved_step != pos.step:
-            save()  # protects the final evaluation (long for SQuAD and summarization)
-        train_seconds = pos.seconds + time.perf_counter() - start
+            s.save()  # protects the final evaluation (long for SQuAD and summarization)
+        train_seconds = pos.seconds + time.perf_counter() - s.start
         stepper.check_finite()  # (a run whose last steps needed no checkpoint)
         try:
-            with stop_now():  # the checkpoint at T is saved: a stop loses nothing
-                if not stopped_early():  # (early stopping just scored this step)
-                    results = _evaluate(built, stepper, pos.step, logger, w)
-                if selection is not None:
-                    if not stopped_early():
-                        choose(pos.step, results)
-                    results = _take_chosen(built, stepper, selection, pos.step, run.path,
-                                           logger, w)
+            with s.stop_now():  # the checkpoint at T is saved: a stop loses nothing
+                if not s.stopped_early():  # (early stopping just scored this step)
+                    results = s.evaluate(pos.step)
+                if s.selection is not None:
+                    if not s.stopped_early():
+                        s.choose(pos.step, results)
+                    results = _take_chosen(built, stepper, s.selection, pos.step, run.path,
+                                           s.logger, w)
         except Preempted:
-            raise stopped(stop.received) from None
+            raise s.stopped(stop.received) from None
         if w.main:  # e.g. SQuAD's answers; a task without predictions writes nothing
             built.task.save_predictions(run.path)
-
-    final = sharding.gather_final(model, handle) if sharded else None  # whole, once
-    if not w.main:
-        return None
-
-    # epochs actually run (fractional under max_steps): the report's time per epoch
-    epochs = pos.step / math.ceil(len(loader) / t_cfg.grad_accum)
-    chosen = selection.step if selection is not None else None
-    summary = write_outputs(built, run, results, train_seconds, epochs, pos.checkpoint_bytes,
-                            final, chosen_step=chosen if chosen != pos.step else None)
-    summary.precision = built.precision.record(stepper.skipped)
-    if selection is not None:
-        summary.selected = selection.summary(last_step=pos.step)
-    if t_cfg.eval_at_start:
-        summary.metrics_at_start = _metrics_at_start(run)
-    return summary
+    return s.summary(results, train_seconds)
 
 
 def _controller_state(handle) -> dict[str, Any] | None:
