@@ -103,8 +103,9 @@ def search(spec: TuneSpec, cells: list[Cell], studies: dict, records: dict, wher
            launcher, err: Console, quiet: bool) -> list[tuple[PlannedRun, str]]:
     """Rounds of one trial per unfinished cell, until every cell has its trials; the
     trials (with why) that did not end, which stop the search."""
+    # the launcher's own lines (a trial done, pruned) are printed above the table
     view = Live(_table(spec, cells, studies, where), console=err, transient=False,
-                auto_refresh=False, redirect_stderr=False, redirect_stdout=False)
+                auto_refresh=False, redirect_stderr=True, redirect_stdout=True)
     with view if not quiet else _Nothing():
         while True:
             batch = [t for t in (_next(spec, c, studies[c.name], records[c.name], where)
@@ -162,17 +163,17 @@ def seed_phase(spec: TuneSpec, cells: list[Cell], studies: dict, where: Path, la
         runs += cell.seed_runs(spec, chosen["params"])
     outcomes = launcher.launch(SweepSpec(spec.name, [], spec.source), runs, where, quiet=quiet)
     write_tune_record(spec, cells, studies, where)
-    if launcher.name == "slurm":
-        from ..sweep.show import print_submitted
-
-        print_submitted(outcomes, where, out)
-        return 1 if any(o.status == "failed" for o in outcomes) else 0
     for cell in cells:
         chosen = best(studies[cell.name])
         words = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                           for k, v in chosen["params"].items())
         out.print(f"{cell.name}: chose {words} ({cell.metric} {chosen['value']:.4g})",
                   highlight=False, soft_wrap=True)
+    if launcher.name == "slurm":  # (waited for: every job has ended)
+        from ..sweep.show import print_submitted
+
+        print_submitted(outcomes, where, out)
+        return 1 if any(o.status != "finished" for o in outcomes) else 0
     return print_outcomes(outcomes, where, out, err)
 
 

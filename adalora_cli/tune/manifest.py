@@ -117,6 +117,16 @@ def _pruner(data: dict, path: Path) -> dict[str, Any]:
     return pruner
 
 
+def _overrides(items: list[str], where: str) -> list[str]:
+    """A sweep's checks, and the keys only the tune sets (trials' labels, the carve-out)."""
+    for item in _check_overrides(items, where):
+        key = item.partition("=")[0].strip()
+        if key.startswith("tune.") or key == "task.holdout":
+            raise ConfigError(f"{where}: {key} is set by the tune itself; use the manifest's "
+                              "holdout: and select_on:")
+    return items
+
+
 def _holdout(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{where}: select_on: heldout needs holdout: N, the training rows "
@@ -145,7 +155,7 @@ def _tune_group(raw: object, i: int, path: Path, seeds: list[int],
     group = Group(configs=[Path(str(c)) for c in configs],
                   methods=parse_methods(raw["methods"]) or [],
                   budgets=parse_int_list(budgets, f"{where} budgets", 1), seeds=seeds,
-                  overrides=shared + _check_overrides(
+                  overrides=shared + _overrides(
                       [str(o) for o in raw.get("overrides") or []], where), tag=tag)
     spaces = tuple(parse_space(str(k), v, where) for k, v in search.items())
     if select_on != "heldout":
@@ -168,8 +178,8 @@ def load_tune_manifest(path: Path, extra: list[str] | None = None) -> TuneSpec:
                           "configs:, methods: and search:")
     seeds = parse_int_list(",".join(str(s) for s in data.get("seeds") or [0]),
                            f"{path}: seeds", 0) or [0]
-    shared = _check_overrides([str(o) for o in data.get("overrides") or []], str(path))
-    shared += _check_overrides(list(extra or []), "command line")
+    shared = _overrides([str(o) for o in data.get("overrides") or []], str(path))
+    shared += _overrides(list(extra or []), "command line")
     select_on = str(data.get("select_on", "heldout"))
     if select_on not in SELECT_ON:
         raise ConfigError(f"{path}: select_on {shown(select_on)} must be heldout (rows held "

@@ -178,3 +178,24 @@ def test_the_held_out_rows_do_not_depend_on_the_file_order():
     assert held == sorted(r["sentence"] for r in sorted(rows, key=row_key)[:5])
     assert len(a["train"]) == 15 and not set(held) & {r["sentence"] for r in a["train"]}
     assert math.isclose(len(a["heldout"]) / 20, 0.25)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_tune_on_slurm_prunes_through_the_job_and_chooses(tmp_path, in_repo):
+    """The SLURM launcher through submitit's local executor (real `adalora train`
+    processes in job arrays, about 90 s on 2 cores): a trial's exit 76 is pruned, not failed."""
+    from adalora_cli.sweep.slurm import SlurmLauncher
+    from adalora_cli.sweep.slurm_options import parse_slurm
+
+    path = manifest(tmp_path, seeds=[0], pruner={"name": "none"}, runs0={
+        "methods": ["lora"], "search": {"train.learning_rate": {"values": [0.01, 10000.0]}}})
+    launcher = SlurmLauncher(parse_slurm(["time=10,gpus_per_job=0"]), cluster="local",
+                             wait=True, poll_seconds=0.5)
+    code, output = tune(path, tmp_path / "sweep", launcher)
+    assert code == 0, output
+    cell = record(tmp_path / "sweep")["cells"][0]
+    assert sorted((t["params"]["train.learning_rate"], t["state"]) for t in cell["trials"]) == [
+        (0.01, "complete"), (10000.0, "pruned")]
+    assert cell["chosen"]["params"] == {"train.learning_rate": 0.01}
+    assert is_finished(tmp_path / "sweep" / "glue-lora-b16-tuned-s0")
