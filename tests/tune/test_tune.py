@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,14 @@ def test_a_tune_on_slurm_prunes_through_the_job_and_chooses(tmp_path, in_repo):
         (0.01, "complete"), (10000.0, "pruned")]
     assert cell["chosen"]["params"] == {"train.learning_rate": 0.01}
     assert is_finished(tmp_path / "sweep" / "glue-lora-b16-tuned-s0")
+
+
+def test_without_optuna_it_says_how_to_install_the_extra(tmp_path, in_repo, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna raises ImportError
+    path = manifest(tmp_path)
+    result = CliRunner().invoke(app, ["tune", str(path), "--sweep-dir", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert result.output.strip() == ("error: adalora tune needs optuna: pip install -e "
+                                     "'.[tune]' in the adalora checkout (make install "
+                                     "includes it)")
+    assert not (tmp_path / "s").exists()
