@@ -59,7 +59,9 @@ class TaskConfig:
     xsum, cnn_dailymail, classification (your own labelled texts on an encoder, labels read
     from the data; numeric labels make it a regression), causal_lm (your own
     JSONL/CSV/Parquet on a decoder-only model), or an offline demo (rotten_tomatoes,
-    bbc_topic, bbc_news, and bbc_topic_chat for a decoder-only chat model)."""
+    bbc_topic, bbc_news, and bbc_topic_chat for a decoder-only chat model), or
+    gsm8k_metamath (PEFT's method comparison: a decoder trained on MetaMathQA, scored on
+    GSM8K)."""
     dataset: str | None = None
     """Hub dataset id; None means the task's default (nyu-mll/glue for GLUE)."""
     revision: str | None = None

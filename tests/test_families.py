@@ -73,6 +73,9 @@ PREDICT_INPUT = {
                   {"response"}),
     "bbc_topic_chat": ([{"text": "Shares in the bank fell sharply on Monday."},
                         {"text": "The striker scored twice in the cup final."}], {"response"}),
+    "gsm8k": ([{"question": "Ada has 3 bags of 4 apples. How many apples?"},
+               {"question": "Ben has 5 pens and loses 2. How many are left?"}],
+              {"response"}),
 }
 NO_PEFT_BASE = {"bbc_news"}
 """Families whose run PEFT cannot rebuild: the warm-started BART has no checkpoint of its own."""

@@ -29,6 +29,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "summarization:summarization_task": ("xsum", "cnn_dailymail", "bbc_news"),
     "causal_lm:causal_lm_task": ("causal_lm",),
     "bbc_topic_chat:bbc_topic_chat_task": ("bbc_topic_chat",),
+    "gsm8k:gsm8k_metamath_task": ("gsm8k_metamath",),
 }
 
 

@@ -58,6 +58,9 @@ REPORTS: dict[str, TaskReport] = {
     # the LLM demo: generated replies, scored x100 already
     "bbc_topic_chat": TaskReport("BBC topics (chat)", "other", _cols(
         ("EM", VAL, "exact_match", 1), ("R-L", VAL, "rougeL", 1))),
+    # PEFT's method comparison: final-answer accuracy on GSM8K test (x100 already)
+    "gsm8k_metamath": TaskReport("GSM8K (MetaMathQA)", "other", _cols(
+        ("Acc", VAL, "accuracy", 1), ("loss", VAL, "loss", 1))),
 }
 """Task name -> its report; order = the paper's column order."""
 
