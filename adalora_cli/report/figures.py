@@ -6,6 +6,8 @@
 - Figure 4: metric against "# Params", one line per method and setting (one colour per
   method, a line style per setting), a band of ± the sample std over seeds around the mean;
   the metric axis says its unit (%, x 100 for a correlation).
+- The tuning metric of every trial of a tune (``adalora tune``) against its learning rate,
+  one line per method, log-x (a pruned trial hollow, at the last value it reported).
 - Figure 5: the orthogonality penalty R (``orth_reg`` in metrics.jsonl) over training,
   mean over seeds with the min-max band, on a log axis labelled in plain numbers. The paper
   plots the squared norms of single matrices; R is what the loss used (Eq. 4,
@@ -35,6 +37,7 @@ from ..rundir.layout import RANK_PATTERN
 from ..rundir.run import read_metrics
 from .runs import Column, Run
 from .tables import METHOD_NAMES, Report, Row, Table
+from .tuning import LR, Tune
 
 
 def _plt():
@@ -301,6 +304,50 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def lr_curves(tunes: list[Tune], out: Path) -> list[Path]:
+    """Per tune and (config, budget level): the tuning metric of each trial against its
+    learning rate, one line per method, log x; a pruned trial is drawn hollow at the last
+    value it reported."""
+    plt = _plt()
+    paths = []
+    for tune in tunes:
+        groups: dict[tuple, list[dict]] = defaultdict(list)
+        for c in tune.data["cells"]:
+            if any(LR in (t.get("params") or {}) for t in c.get("trials", [])):
+                groups[(Path(c["config"]).stem, c.get("budget_level"))].append(c)
+        for (stem, level), cells in groups.items():
+            fig, ax = plt.subplots(figsize=(6.4, 4.0))
+            metric = cells[0]["metric"]
+            for c in cells:
+                done = sorted((t["params"][LR], t["value"]) for t in c["trials"]
+                              if t["state"] == "complete" and LR in t["params"])
+                name = METHOD_NAMES.get(c["method"], c["method"])
+                line = None
+                if done:
+                    line, = ax.plot(*zip(*done), marker="o", label=name)
+                pruned = [(t["params"][LR], t["reported"][str(t["last_step"])])
+                          for t in c["trials"] if t["state"] == "pruned"
+                          and LR in t["params"] and t.get("last_step") is not None]
+                if pruned:
+                    ax.scatter(*zip(*pruned), facecolors="none",
+                               edgecolors=line.get_color() if line else "grey",
+                               label=f"{name} (pruned: last reported)")
+            ax.set_xscale("log")
+            ax.set_xlabel("learning rate (log scale)")
+            split, _, name = metric.partition("/")
+            ax.set_ylabel(f"{name} on {split} (fraction; "
+                          f"{'lower' if cells[0]['direction'] == 'minimize' else 'higher'} "
+                          "is better)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            level_words = f", b(T)={level}" if level is not None else ""
+            ax.set_title(f"{stem}{level_words}: {metric} per trial (tuning seed "
+                         f"{tune.data['seeds'][0]})", fontsize=10)
+            slug = _slug(tune.data["name"], stem, f"b{level}" if level is not None else "")
+            paths.append(_save(fig, out / f"tune_lr_{slug}.png"))
+    return paths
+
+
 def write_figures(report: Report, out: Path) -> tuple[list[Path], list[str]]:
     """Write every figure into ``out``; returns the files and any warnings."""
     out.mkdir(parents=True, exist_ok=True)
@@ -308,8 +355,5 @@ def write_figures(report: Report, out: Path) -> tuple[list[Path], list[str]]:
     paths = rank_heatmaps(report.runs, out, warnings)
     paths += budget_curves(report.tables, out)
     paths += orth_curves(report.runs, out, warnings)
-    if report.tunes:
-        from .tuning import lr_curves
-
-        paths += lr_curves(report.tunes, out)
+    paths += lr_curves(report.tunes, out)
     return paths, warnings

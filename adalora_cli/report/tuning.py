@@ -1,7 +1,8 @@
 """What ``adalora report`` says about a tuned sweep (a sweep directory holding the
 ``tune.json`` that ``adalora tune`` writes): per cell the chosen values, the search space,
 the trials run and pruned and the data the choice was made on, and the figure of the tuning
-metric against the learning rate, one line per method (the learning-rate sensitivity curve).
+metric against the learning rate, one line per method (the learning-rate sensitivity curve,
+drawn by :func:`adalora_cli.report.figures.lr_curves` from these records).
 
 The trials are ordinary run directories, but they are the search, not results: the tables
 and their Welch tests count the seed runs of the chosen values only, and the trials appear
@@ -11,7 +12,6 @@ here. Reads ``tune.json`` only (no Optuna, no torch).
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,49 +109,3 @@ def markdown(tune: Tune) -> str:
              "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(r[h] for h in headers) + " |" for r in table]
     return "\n".join(lines) + "\n"
-
-
-def lr_curves(tunes: list[Tune], out: Path) -> list[Path]:
-    """Per tune and (config, budget level): the tuning metric of each trial against its
-    learning rate, one line per method, log x; a pruned trial is drawn hollow at the last
-    value it reported."""
-    from .figures import _plt, _save, _slug
-
-    plt = _plt()
-    paths = []
-    for tune in tunes:
-        groups: dict[tuple, list[dict]] = defaultdict(list)
-        for c in tune.data["cells"]:
-            if any(LR in (t.get("params") or {}) for t in c.get("trials", [])):
-                groups[(Path(c["config"]).stem, c.get("budget_level"))].append(c)
-        for (stem, level), cells in groups.items():
-            fig, ax = plt.subplots(figsize=(6.4, 4.0))
-            metric = cells[0]["metric"]
-            for c in cells:
-                done = sorted((t["params"][LR], t["value"]) for t in c["trials"]
-                              if t["state"] == "complete" and LR in t["params"])
-                name = METHOD_NAMES.get(c["method"], c["method"])
-                line = None
-                if done:
-                    line, = ax.plot(*zip(*done), marker="o", label=name)
-                pruned = [(t["params"][LR], t["reported"][str(t["last_step"])])
-                          for t in c["trials"] if t["state"] == "pruned"
-                          and LR in t["params"] and t.get("last_step") is not None]
-                if pruned:
-                    ax.scatter(*zip(*pruned), facecolors="none",
-                               edgecolors=line.get_color() if line else "grey",
-                               label=f"{name} (pruned: last reported)")
-            ax.set_xscale("log")
-            ax.set_xlabel("learning rate (log scale)")
-            split, _, name = metric.partition("/")
-            ax.set_ylabel(f"{name} on {split} (fraction; "
-                          f"{'lower' if cells[0]['direction'] == 'minimize' else 'higher'} "
-                          "is better)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-            level_words = f", b(T)={level}" if level is not None else ""
-            ax.set_title(f"{stem}{level_words}: {metric} per trial (tuning seed "
-                         f"{tune.data['seeds'][0]})", fontsize=10)
-            slug = _slug(tune.data["name"], stem, f"b{level}" if level is not None else "")
-            paths.append(_save(fig, out / f"tune_lr_{slug}.png"))
-    return paths
