@@ -78,14 +78,18 @@ def gpu_memory(gpus: list[str]) -> dict[str, int] | None:
     context in the sweep's own process); None when it is missing or does not answer."""
     if not gpus or shutil.which("nvidia-smi") is None:
         return None
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=memory.free",
-                               "--format=csv,noheader,nounits", "-i", ",".join(gpus)],
-                              capture_output=True, text=True, timeout=60)
-        mib = [int(line) for line in done.stdout.split()] if done.returncode == 0 else []
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    return dict(zip(gpus, [m << 20 for m in mib])) if len(mib) == len(gpus) else None
+    free = {}
+    for gpu in gpus:  # one at a time: nvidia-smi lists several in its own order
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-gpu=memory.free",
+                                   "--format=csv,noheader,nounits", "-i", gpu],
+                                  capture_output=True, text=True, timeout=60)
+            free[gpu] = int(done.stdout.strip()) << 20  # MiB
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return None
+        if done.returncode != 0:
+            return None
+    return free
 
 
 class _Peaks:

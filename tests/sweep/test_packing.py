@@ -5,6 +5,7 @@ sweep that starts, holds back and packs its runs by those numbers."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,18 @@ def test_no_packing_without_gpus_or_without_their_memory(gpus, memory, monkeypat
     assert local._packer(4, gpus, console) is None
     assert ("start without a memory check" in capsys.readouterr().err) == bool(gpus)
     assert local._packer(1, ["0"], console) is None  # one job at a time: nothing to pack
+
+
+def test_gpu_memory_asks_nvidia_smi_for_each_gpu_in_turn(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\n# the last argument is the GPU id\n'
+                   'for a; do id=$a; done\n'
+                   'case $id in 0) echo 81000;; 3) echo " 40000";; *) echo "No devices"; '
+                   'exit 6;; esac\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert local.gpu_memory(["3", "0"]) == {"3": 40000 << 20, "0": 81000 << 20}
+    assert local.gpu_memory(["0", "7"]) is None  # one GPU it cannot read: no packing
+    assert local.gpu_memory([]) is None
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert local.gpu_memory(["0"]) is None  # no nvidia-smi
