@@ -77,16 +77,19 @@ def check_harness(request) -> None:
     """A config's ``eval.harness`` that could not run after training (no lm-eval, an unknown
     task, a run that is no decoder's) is refused before the run starts."""
     from ..artifacts.harness import check_config
-    from ..config import load_config, resume_config
+    from ..config import ConfigError, load_config, resume_config
     from ..rundir.layout import CONFIG
 
-    if request.resume is not None:
-        extra = [request.config] if request.config and "=" in request.config else []
-        cfg = resume_config(request.resume / CONFIG, extra + list(request.overrides))
-    elif request.config is not None:
-        cfg = load_config(request.config, request.overrides)
-    else:
-        return  # run_train says what is missing
+    try:
+        if request.resume is not None:
+            extra = [request.config] if request.config and "=" in request.config else []
+            cfg = resume_config(request.resume / CONFIG, extra + list(request.overrides))
+        elif request.config is not None:
+            cfg = load_config(request.config, request.overrides)
+        else:
+            return
+    except ConfigError:
+        return  # a config that cannot be read: run_train says so, in its own order
     check_config(cfg, "eval.harness")
 
 
