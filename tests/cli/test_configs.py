@@ -153,6 +153,10 @@ def test_an_installed_wheel_lists_and_copies_the_same_files(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("adalora-*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
+    # the lm-evaluation-harness task adalora ships (adalora eval --harness) is package data
+    harness = site / "adalora_cli" / "tasks" / "harness_tasks"
+    assert {"bbc_topic_chat.yaml", "bbc_topic_chat_rows.py"} <= {p.name for p in
+                                                                 harness.iterdir()}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
 
