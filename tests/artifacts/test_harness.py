@@ -9,6 +9,7 @@ the run's own evaluation wrote (``predictions.jsonl``, ``summary.json``) on the 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,20 @@ def test_an_unknown_harness_task_is_refused_before_training(tmp_path):
     assert "unknown harness task 'bbc_topic_chatt'" in line
     assert "did you mean bbc_topic_chat?" in line
     assert not target.exists()
+
+
+def test_harness_options_that_would_be_ignored_are_refused(smoke_runs):
+    run = smoke_runs("configs/smoke/glue.yaml", "method.name=lora", "train.max_steps=2")
+    line = refused("eval", run, "--harness", "bbc_topic_chat", "task.max_length=64")
+    assert "drop 'task.max_length=64'" in line
+    line = refused("eval", run, "--limit", 3)
+    assert "--limit and --base go with --harness TASKS" in line
+
+
+def test_without_lm_eval_the_harness_says_how_to_install_it(monkeypatch):
+    from adalora_cli.config import ConfigError
+    from adalora_cli.tasks.harness import task_manager
+
+    monkeypatch.setitem(sys.modules, "lm_eval.tasks", None)  # import fails as if absent
+    with pytest.raises(ConfigError, match=r"pip install 'adalora\[harness\]'"):
+        task_manager(["bbc_topic_chat"])
