@@ -71,5 +71,6 @@ def test_registry_names_match_each_family_spec_table():
                         "squad:squad_task": set(SQUAD_SPECS),
                         "summarization:summarization_task": set(SUMMARIZATION_SPECS),
                         "causal_lm:causal_lm_task": {"causal_lm"},
-                        "bbc_topic_chat:bbc_topic_chat_task": {"bbc_topic_chat"}}
+                        "bbc_topic_chat:bbc_topic_chat_task": {"bbc_topic_chat"},
+                        "gsm8k:gsm8k_metamath_task": {"gsm8k_metamath"}}
     assert len(tasks.TASKS) == sum(map(len, families.values()))

@@ -76,7 +76,6 @@ def train(
 def check_harness(request) -> None:
     """A config's ``eval.harness`` that could not run after training (no lm-eval, an unknown
     task, a run that is no decoder's) is refused before the run starts."""
-    from ..artifacts.harness import check_config
     from ..config import ConfigError, load_config, resume_config
     from ..rundir.layout import CONFIG
 
@@ -90,6 +89,10 @@ def check_harness(request) -> None:
             return
     except ConfigError:
         return  # a config that cannot be read: run_train says so, in its own order
+    if not cfg.eval.harness:
+        return  # (torch loads after the run's header, not here)
+    from ..artifacts.harness import check_config
+
     check_config(cfg, "eval.harness")
 
 
