@@ -1,4 +1,4 @@
-"""Does ``torch.compile`` pay on the demo? The loop's AdaLoRA step, eager against compiled.
+"""Does ``torch.compile`` pay? The loop's steps, eager against compiled, with the compile time.
 
 The demo's first ``--steps`` optimizer steps on its real batches, each cut into the config's
 ``train.length_split`` length-sorted pieces as the loop cuts them (so the compiled model meets
@@ -15,7 +15,18 @@ step, and the median step over the second half (compiled code, warm).
 It answers whether a ``train.compile`` switch could shorten the demo's wall time including
 compilation (issue #32): a first step longer than the steps saved over the run says no.
 
+``--shape deberta-v3-base`` or ``bart-large`` (issue #49) times each of ``--methods`` (AdaLoRA
+and LoRA) the same way at that paper shape, on step_time.py's random-weight model and
+synthetic batch (``--tiny``: narrow widths, a CPU check), through step_time.make_stepper:
+eager, then compiled (``model.compile``, mode ``reduce-overhead`` on CUDA: CUDA graphs, one
+replay instead of thousands of launches; inductor's default on the CPU) on a cold and then a
+warm cache. Each line says the first step, the compile time (the first step minus a warm
+one) beside the median warm step, and after how many steps compiling is repaid; then
+AdaLoRA / LoRA eager and compiled. Set ``--modes`` to run fewer (compiling BART-large took
+more than 4 minutes on an H100's host).
+
     python benchmarks/compile_step.py [--steps 60]
+    python benchmarks/compile_step.py --shape bart-large --device cuda --precision bf16
 """
 
 from __future__ import annotations
@@ -75,13 +86,124 @@ def measure(mode: str, steps: int) -> dict:
             "median_warm": statistics.median(times[steps // 2:])}
 
 
+def measure_shape(mode: str, steps: int, method: str, shape: str, tiny: bool, device: str,
+                  precision: str, models: str) -> dict:
+    """Seconds per step of ``method``'s first ``steps`` steps at a paper shape, ``mode``
+    eager or compile; each step timed alone (synchronized on CUDA)."""
+    import torch
+    import transformers
+    from step_time import make_stepper, paper_shape
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    where = torch.device(device)
+    cuda = where.type == "cuda"
+    setup, rank, batch, _ = paper_shape(shape, None, tiny, None, Path(models))
+
+    def compiled(model, handle) -> None:
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = 64
+        # CUDA graphs replay the step's launches as one; the CPU has no graphs to replay
+        model.compile(mode="reduce-overhead" if cuda else None)
+
+    step = make_stepper(method, rank, steps + 20, batch, setup=setup, device=where,
+                        precision=precision, tweak=compiled if mode == "compile" else None)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    times = []
+    for _ in range(steps):
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return {"total": sum(times), "first": times[0],
+            "median_warm": statistics.median(times[steps // 2:])}
+
+
+MODES = {"eager": ("eager", "eager"), "compile-cold": ("compile, cold cache", "compile"),
+         "compile-warm": ("compile, warm cache", "compile")}
+"""--modes names: (printed name, the child's mode). The warm cache is what the method's cold
+run left (without a cold run, its first compile fills it)."""
+
+
+def shapes(args) -> None:
+    """--shape: each method in each mode in a fresh process, then the comparison."""
+    methods = [m for m in args.methods.split(",") if m]
+    modes = [m for m in args.modes.split(",") if m]
+    results: dict[tuple[str, str], dict] = {}
+    with tempfile.TemporaryDirectory() as root:
+        models = str(Path(root) / "models")
+        for method in methods:  # a cache of its own: cold is cold for each method
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(root) / method)}
+            for mode in modes:
+                name, child = MODES[mode]
+                done = subprocess.run(
+                    [sys.executable, __file__, "--mode", child, "--method", method,
+                     "--steps", str(args.steps), "--shape", args.shape, "--device",
+                     args.device, "--precision", args.precision, "--models", models]
+                    + ["--tiny"] * args.tiny, capture_output=True, text=True, env=env)
+                if done.returncode:
+                    sys.exit(f"error: {method} {name} failed:\n{done.stderr[-3000:]}")
+                results[method, name] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"{args.shape}{' (tiny)' * args.tiny}, {args.device}, {args.precision}, first "
+          f"{args.steps} steps, a fresh process per line")
+    for (method, name), r in results.items():
+        line = (f"  {method:8s} {name:20s} first step {r['first']:8.2f} s   median warm step "
+                f"{r['median_warm'] * 1000:8.1f} ms")
+        eager = results.get((method, "eager"))
+        if name != "eager":
+            cost = r["first"] - r["median_warm"]
+            line += f"   compile time {cost:7.1f} s"
+            if eager:
+                saved = eager["median_warm"] - r["median_warm"]
+                line += (f"   {r['median_warm'] / eager['median_warm']:.3f}x eager, "
+                         + (f"repaid after {cost / saved:.0f} steps" if saved > 0
+                            else "never repaid"))
+        print(line)
+    if {"adalora", "lora"} <= set(methods):
+        for _, name in (MODES[m] for m in modes):
+            ratio = (results["adalora", name]["median_warm"]
+                     / results["lora", name]["median_warm"])
+            print(f"AdaLoRA / LoRA median warm step, {name}: {ratio:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--shape", choices=("demo", "deberta-v3-base", "bart-large"),
+                        default="demo")
+    parser.add_argument("--tiny", action="store_true",
+                        help="--shape at narrow widths and small batches (a CPU check)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="for --shape (the demo's line is the CPU's)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="for --shape")
+    parser.add_argument("--methods", default="adalora,lora", help="for --shape")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"for --shape, of {','.join(MODES)}")
     parser.add_argument("--mode", choices=("eager", "compile"), help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--models", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.mode and args.shape != "demo":  # a --shape child
+        print(json.dumps(measure_shape(args.mode, args.steps, args.method, args.shape,
+                                       args.tiny, args.device, args.precision, args.models)))
+        return
     if args.mode:  # the child: one mode, its numbers as JSON on the last line
         print(json.dumps(measure(args.mode, args.steps)))
+        return
+    if args.shape != "demo":
+        bad = (sorted(set(args.methods.split(",")) - {"adalora", "lora"})
+               + sorted(set(args.modes.split(",")) - set(MODES)))
+        if bad:
+            parser.error(f"unknown {', '.join(bad)}: --methods takes adalora,lora, --modes "
+                         f"{','.join(MODES)}")
+        if args.device == "cuda":
+            import torch
+            if not torch.cuda.is_available():
+                parser.error("--device cuda: no CUDA device here")
+        shapes(args)
         return
     results = {}
     with tempfile.TemporaryDirectory() as cache:
