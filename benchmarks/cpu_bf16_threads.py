@@ -16,8 +16,8 @@ issue #32's question of where bf16 pays: ``auto`` may pick it only where the rat
 at the thread counts users run.
 
 ``--random-weights`` times a copy of the demo's model folder (same config and tokenizer) with
-freshly initialised weights, for a machine where the offline package with the weights is not installed:
-the step's arithmetic is the same, its accuracy is not measured here.
+freshly initialised weights, for a machine without the offline package that holds the
+weights: the step's arithmetic is the same, its accuracy is not measured here.
 
     python benchmarks/cpu_bf16_threads.py                      # 1, 2, ... up to the cores
     python benchmarks/cpu_bf16_threads.py --threads 2,8,16 --rounds 8
