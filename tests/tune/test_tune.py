@@ -154,6 +154,11 @@ def test_a_diverging_trial_is_pruned_and_says_so(tmp_path, in_repo):
     ({"holdout": 64}, "task.holdout=64 holds out at least the whole training split (64 rows"),
     ({"runs0": {"methods": ["lora"], "search": {"sora.l1": {"values": [1.0, 10.0]}}}},
      "method lora does not read sora.l1"),
+    ({"runs0": {"search": {"task.holdout": {"values": [8, 16]}}}},
+     "search.task.holdout is set by the tune itself"),
+    ({"overrides": ["train.max_steps=16", "train.eval_every=null"]},
+     "stops trials at their periodic evaluations, and glue-adalora-b16 has none"),
+    ({"select_on": "test"}, "select_on 'test' must be heldout"),
 ])
 def test_bad_manifests_are_one_line_and_exit_2(tmp_path, in_repo, changes, words):
     path = manifest(tmp_path, **changes)
