@@ -155,3 +155,23 @@ def test_a_bf16_smoke_run_keeps_its_rank_pattern_and_weights(smoke_runs, tmp_pat
     # the run did prune under bf16: b(T) = 16 of the 12 matrices x r0 4 = 48 triplets
     assert sum(json.loads((fused / "rank_pattern.json").read_text()).values()) == 16
     assert "precision: bf16" in (fused / "config.yaml").read_text()
+
+
+@pytest.mark.slow  # inductor writes and builds C++ for the layer: a minute on 2 cores
+def test_torch_compile_traces_the_function_in_one_graph():
+    """compile_step.py and a GPU's CUDA graphs need the whole step traced: the function
+    (its out= products included) compiles with fullgraph=True, i.e. without a graph break,
+    and the compiled layer computes what the eager one does, to bf16's rounding (inductor
+    may fuse the products in another order; 8 significant bits give rtol 2**-7)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    layer = _layer(3)
+    x = torch.randn(2, 5, 24)
+    eager = _run(layer, SVDLinear.forward, x, True)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(layer, backend=counter, fullgraph=True)
+    fused = _run(layer, lambda module, inp: compiled(inp), x, True)
+    assert counter.frame_count == 1
+    for name, f, e in zip(["output", "x.grad", "P.grad", "lam.grad", "Q.grad"], fused, eager):
+        assert f.dtype == e.dtype, name
+        torch.testing.assert_close(f, e, rtol=2**-7, atol=1e-4, msg=name)
