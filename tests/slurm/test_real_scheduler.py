@@ -279,6 +279,9 @@ def test_scancel_and_a_killed_sweep_lose_nothing(tmp_path):
     subprocess.run(["scancel", *jobs.values()], check=True, timeout=30)
     wait_for(lambda: any(e["event"] == "preempted" for e in events(where, first.name)), 60,
              "the cancelled run stopped with a checkpoint", where)
+    # its job is 'running' until SLURM has ended every process of it (KillWait)
+    wait_for(lambda: status(manifest, where)[0]["glue-lora-s0"][0] != "running", 60,
+             "the cancelled job left the queue", where)
     rows, text = status(manifest, where)
     assert rows["glue-lora-s0"][0] == "cancelled", text
     assert rows["glue-lora-s0"][1].startswith("job cancelled; checkpoint at step "), text
