@@ -544,3 +544,12 @@ def test_the_layer_rule_diagram_follows_the_layer_test():
     diagram = text.split("```text\n", 1)[1].split("```", 1)[0]
     drawn = [set(re.findall(r"\w+", layer)) for layer in diagram.split("->")]
     assert drawn == [layer for layer in LAYERS if layer != {"__main__"}]
+
+
+def test_sweeps_md_lists_every_manifest():
+    """docs/sweeps.md names each manifest in experiments/ (a new one needs its line)."""
+    text = (ROOT / "docs" / "sweeps.md").read_text(encoding="utf-8")
+    listing = text.split("`experiments/` holds one manifest per result")[1].split("\n#")[0]
+    named = set(re.findall(r"`([a-z0-9_]+)`", listing))
+    shipped = {p.stem for p in (ROOT / "experiments").glob("*.yaml")}
+    assert sorted(shipped - named) == [] and sorted(named - shipped) == []
