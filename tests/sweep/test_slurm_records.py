@@ -149,3 +149,26 @@ def test_jobs_that_may_be_requeued_ask_sbatch_for_requeue(tmp_path, monkeypatch)
     assert not any(line.endswith("requeue") for line in lines)
     lines = _sbatch_lines(tmp_path, monkeypatch, ["time=60,sbatch.no-requeue="])
     assert "#SBATCH --no-requeue" in lines and "#SBATCH --requeue" not in lines
+
+
+def test_wait_ends_when_the_jobs_leave_the_queue_without_a_result(cluster):
+    """A cancelled job writes no result file, and without accounting submitit's own
+    ``done()`` never learns it ended: ``--wait`` asks the queue instead."""
+    import threading
+
+    bin_dir, _, runs, where = cluster
+    queue = bin_dir / "queue.txt"
+    queue.write_text("100_0 RUNNING\n100_1 PENDING\n")
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n/bin/cat {queue}\n")
+    (bin_dir / "squeue").chmod(0o755)
+    never = SimpleNamespace(done=lambda: False,
+                            paths=SimpleNamespace(result_pickle=where / "no-result.pkl"))
+    launcher = SlurmLauncher(OPTS, wait=True, poll_seconds=0.05)
+    waiting = threading.Thread(target=launcher._wait, daemon=True,
+                               args=({r.name: never for r in runs}, where))
+    waiting.start()
+    waiting.join(1.0)
+    assert waiting.is_alive()  # both jobs are still in the queue
+    queue.write_text("100_0 CANCELLED\n")  # 100_1 cancelled while waiting: gone
+    waiting.join(10.0)
+    assert not waiting.is_alive()
