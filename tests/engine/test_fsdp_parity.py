@@ -202,7 +202,7 @@ def _bf16_rank(rank: int, port: int, out: str) -> None:
         built = build_run(cfg, w)
         init(w, "cpu")
         model, handle = built.model, built.handle
-        sharding.shard(model, handle, w, built.device, built.precision.amp_dtype)
+        sharding.shard(model, handle, w, built.device, torch.bfloat16)  # the GPU policy, on gloo
         seen = []
         layer = next(m for m in model.modules() if isinstance(m, SVDLinear))
         layer.register_forward_pre_hook(lambda m, args: seen.append(
