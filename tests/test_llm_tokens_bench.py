@@ -35,13 +35,18 @@ def test_tiny_run_prints_each_arm_and_consistent_ratios():
         ms, per_s = re.search(r"median step\s+([\d.]+) ms\s+(\d+) tokens/s", row).groups()
         step[arm], rate[arm] = float(ms), int(per_s)
         assert rate[arm] == pytest.approx(tokens / (step[arm] / 1000), rel=2e-3, abs=1)
-    ratio = next(x for x in lines if x.startswith("AdaLoRA / LoRA"))
-    assert float(ratio.split()[-1]) == pytest.approx(
-        step["ours-adalora"] / step["ours-lora"], rel=2e-3)
+    def same_ratio(printed: str, num: str, den: str) -> None:
+        # the steps are printed to 0.1 ms and the ratio to 0.001: the ratio of the printed
+        # steps may differ from the printed ratio by their rounding, and by no more
+        expected = step[num] / step[den]
+        slack = expected * (0.05 / step[num] + 0.05 / step[den]) + 0.0005
+        assert abs(float(printed.split()[-1]) - expected) <= slack
+
+    same_ratio(next(x for x in lines if x.startswith("AdaLoRA / LoRA")),
+               "ours-adalora", "ours-lora")
     for arm in ("ours-lora", "ours-adalora"):
-        line = next(x for x in lines if x.startswith(f"{arm} / hf-peft-lora"))
-        assert float(line.split()[-1]) == pytest.approx(
-            step["hf-peft-lora"] / step[arm], rel=2e-3)
+        same_ratio(next(x for x in lines if x.startswith(f"{arm} / hf-peft-lora")),
+                   "hf-peft-lora", arm)
     assert "train_runtime" not in done.stdout  # Trainer's own printout is left out
 
 
