@@ -19,7 +19,7 @@ NOT_PINNED  := torch|$(subst $(space),|,$(foreach p,$(OFFLINE),$(firstword $(sub
 BENCH_ARGS  ?=           # e.g. BENCH_ARGS="--seeds 0,1,2" for time_to_result.py
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-fast test-slow test-cuda test-mirror test-slurm constraints smoke demo \
+.PHONY: install test test-e2e test-slow test-cuda test-mirror test-slurm constraints smoke demo \
 	demo-summarization demo-llm bench lint clean
 
 install: $(VENV)/.installed
@@ -32,11 +32,14 @@ $(VENV)/.installed: pyproject.toml Makefile constraints.txt
 	$(PY) -m pip install -q --no-deps $(OFFLINE)
 	touch $@
 
-test: install          ## the default suite: CPU, offline, about 17 minutes on 2 cores (e2e included)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not mirror and not cuda and not slurm"
-
-test-fast: install     ## the inner loop: in-process tests only (no e2e, no slow)
+# The default suite is the in-process tests; the tests that start other processes (DDP and
+# FSDP ranks, sweeps' workers, a fresh interpreter, runs killed on purpose) are `make
+# test-e2e`. CI runs both (.ci/run).
+test: install          ## the default suite: CPU, offline, in-process, about 8 minutes on 2 cores
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not e2e and not mirror and not cuda and not slurm"
+
+test-e2e: install      ## the tests that start other processes, about 11 minutes on 2 cores
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "e2e and not slow and not mirror and not cuda and not slurm"
 
 test-slow: install     ## opt-in heavier checks (real demo model)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "slow and not cuda"

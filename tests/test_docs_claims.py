@@ -124,7 +124,10 @@ def test_the_readme_shows_every_command():
 OTHER_TOOLS_FLAGS = {"--array", "--requeue", "--signal", "--nproc_per_node", "--standalone",
                      "--index-url", "--no-deps", "--fp16", "--mixed_precision",
                      "--enable-lora", "--max-lora-rank", "--lora-modules", "--lora",
-                     "--lora-scaled", "--outfile", "--base"}
+                     "--lora-scaled", "--outfile", "--base",
+                     # torchrun's rendezvous, sbatch's node count, squeue's state filter
+                     "--nnodes", "--rdzv_endpoint", "--rdzv_backend", "--rdzv-endpoint",
+                     "--rdzv-backend", "--nodes", "--ntasks-per-node", "--states"}
 
 
 def _all_our_flags() -> set[str]:
