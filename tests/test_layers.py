@@ -2,9 +2,10 @@
 with ``ast`` so that lazy imports inside functions count too:
 
     errors -> config -> rundir, heatmap, threads, resources -> methods, tasks, tracking -> engine
-        -> artifacts -> sweep, report -> tune -> cli -> __main__
+        -> artifacts -> sweep, report -> cli -> __main__
 
-(tune searches over runs that the sweep's launchers start.)
+(a tune, ``sweep/tune/``, is a sweep that searches: its trials go through the sweep's
+launchers, so it lives in the sweep's unit rather than on a floor of its own.)
 
 A unit may import itself and any unit of a lower layer, never one of its own layer or above,
 and no chain of imports may come back to where it started."""
@@ -25,7 +26,6 @@ LAYERS = [
     {"engine"},
     {"artifacts"},
     {"sweep", "report"},
-    {"tune"},
     {"cli"},
     {"__main__"},
 ]

@@ -44,7 +44,7 @@ def tune(
       adalora tune experiments/tune_table1_glue.yaml --launcher slurm
 
     Docs: docs/tuning.md"""
-    from ..tune.command import TuneRequest, run_tune
+    from ..sweep.tune.command import TuneRequest, run_tune
 
     quiet_libraries()
     request = TuneRequest(manifest, list(overrides or []), jobs, sweep_dir, quiet, launcher,

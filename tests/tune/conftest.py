@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from adalora_cli.cli import app
 from adalora_cli.errors import EXIT_PRUNED
 from adalora_cli.sweep.runs import Outcome, run_state
-from adalora_cli.tune.command import TuneRequest, run_tune
+from adalora_cli.sweep.tune.command import TuneRequest, run_tune
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_TUNE = ROOT / "experiments" / "tune_smoke.yaml"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from adalora_cli.tune.cells import plan_cells
-from adalora_cli.tune.manifest import load_tune_manifest
-from adalora_cli.tune.study import n_trials
+from adalora_cli.sweep.tune.cells import plan_cells
+from adalora_cli.sweep.tune.manifest import load_tune_manifest
+from adalora_cli.sweep.tune.study import n_trials
 
 EIGHT = {"adalora", "lora", "rslora", "dora", "pissa", "loraplus", "sora", "increlora"}
 

@@ -12,7 +12,7 @@ import pytest
 from adalora_cli.config import RunConfig, TuneConfig
 from adalora_cli.engine import trial as hook
 from adalora_cli.errors import Pruned
-from adalora_cli.tune.study import optuna
+from adalora_cli.sweep.tune.study import optuna
 
 
 def study_with_history(tmp_path, values_at_4: list[float]) -> tuple[RunConfig, int]:

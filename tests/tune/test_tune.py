@@ -17,7 +17,7 @@ from adalora_cli.cli import app
 from adalora_cli.config import load_config
 from adalora_cli.rundir.run import RunDir, is_finished
 from adalora_cli.sweep.runs import run_state
-from adalora_cli.tune.study import optuna
+from adalora_cli.sweep.tune.study import optuna
 
 from .conftest import InProcess, manifest, tune
 

@@ -21,9 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import ConfigError, RunConfig, flatten
-from ..errors import shown
-from ..methods.registry import METHODS, method_spec
+from ...config import ConfigError, RunConfig, flatten
+from ...errors import shown
+from ...methods.registry import METHODS, method_spec
 
 RESERVED = ("method.name", "train.seed", "sweep.", "tune.", "task.holdout")
 """Keys the tune sets itself on every trial."""
@@ -137,7 +137,7 @@ def check_key(space: Space, method: str, cfg: RunConfig, where: str) -> None:
 
 def check_value(cfg: RunConfig, key: str, value: Any, where: str) -> None:
     """``key=value`` applied to ``cfg`` as an override would be, or a one-line refusal."""
-    from ..config import from_dict
+    from ...config import from_dict
 
     data = cfg.to_dict()
     node = data

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, RunConfig, load_config
-from ..sweep.plan import Group, PlannedRun, SweepSpec, plan
-from ..tasks.columns import LOWER_IS_BETTER, task_report
+from ...config import ConfigError, RunConfig, load_config
+from ...tasks.columns import LOWER_IS_BETTER, task_report
+from ..plan import Group, PlannedRun, SweepSpec, plan
 from .manifest import TuneSpec
 from .space import Space, check_key, override
 
@@ -103,8 +103,8 @@ def plan_cells(spec: TuneSpec) -> list[Cell]:
 def check_holdout(spec: TuneSpec, cells: list[Cell]) -> None:
     """``holdout:`` must leave training rows: each config's training split is read once
     (the task refuses a held-out slice as large as it, and tasks that cannot hold out)."""
-    from ..tasks import get_task
-    from ..tasks.data import carve_holdout
+    from ...tasks import get_task
+    from ...tasks.data import carve_holdout
 
     seen: set[tuple] = set()
     for cell in cells:

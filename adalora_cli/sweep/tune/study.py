@@ -17,10 +17,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
-from ..errors import writing
-from ..rundir.layout import SUMMARY
-from ..rundir.run import is_finished, is_pruned, write_text_atomic
+from ...config import ConfigError
+from ...errors import writing
+from ...rundir.layout import SUMMARY
+from ...rundir.run import is_finished, is_pruned, write_text_atomic
 from .cells import Cell
 from .manifest import TuneSpec
 
@@ -103,7 +103,7 @@ def open_study(sweep_dir: Path, cell: Cell, spec: TuneSpec):
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from ..engine.trial import make_pruner
+    from ...engine.trial import make_pruner
 
     opt = optuna()
     journal = sweep_dir / FOLDER / f"{cell.name}.journal"

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, read_yaml
-from ..errors import shown
-from ..sweep.plan import Group, _check_overrides, parse_int_list, parse_methods
+from ...config import ConfigError, read_yaml
+from ...errors import shown
+from ..plan import Group, _check_overrides, parse_int_list, parse_methods
 from .space import Space, parse_space
 
 SAMPLERS = ("grid", "tpe", "random")

@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ..config import ConfigError, load_config
-from ..errors import writing
-from ..rundir.layout import SWEEP_LOGS
-from ..rundir.run import write_text_atomic
-from ..sweep.plan import PlannedRun, SweepSpec
+from ...config import ConfigError, load_config
+from ...errors import writing
+from ...rundir.layout import SWEEP_LOGS
+from ...rundir.run import write_text_atomic
+from ..plan import PlannedRun, SweepSpec
 from .cells import Cell, check_holdout, plan_cells
 from .manifest import TuneSpec, load_tune_manifest
 from .study import best, history, n_trials, next_trial, open_study, optuna, tell, write_record
@@ -52,8 +52,8 @@ def run_tune(req: TuneRequest, out: Console, err: Console, launcher=None) -> int
     """Do what ``req`` asks; returns the exit code (1 when a trial or a seed run failed or
     was stopped: rerunning the tune continues). ``launcher``: one of the sweep's launchers
     (by default the one ``req`` names)."""
-    from ..sweep.command import check_not_a_run
-    from ..sweep.launch import make_launcher
+    from ..command import check_not_a_run
+    from ..launch import make_launcher
 
     spec = load_tune_manifest(req.manifest, req.overrides)
     optuna()  # the extra is installed, before any planning
@@ -152,7 +152,7 @@ def _next(spec: TuneSpec, cell: Cell, study, record: Path, where: Path
 def seed_phase(spec: TuneSpec, cells: list[Cell], studies: dict, where: Path, launcher,
                out: Console, err: Console, quiet: bool) -> int:
     """Each cell's chosen values on every seed: ordinary sweep runs."""
-    from ..sweep.command import print_outcomes
+    from ..command import print_outcomes
 
     runs: list[PlannedRun] = []
     for cell in cells:
@@ -170,7 +170,7 @@ def seed_phase(spec: TuneSpec, cells: list[Cell], studies: dict, where: Path, la
         out.print(f"{cell.name}: chose {words} ({cell.metric} {chosen['value']:.4g})",
                   highlight=False, soft_wrap=True)
     if launcher.name == "slurm":  # (waited for: every job has ended)
-        from ..sweep.show import print_submitted
+        from ..show import print_submitted
 
         print_submitted(outcomes, where, out)
         return 1 if any(o.status != "finished" for o in outcomes) else 0
@@ -232,8 +232,8 @@ def _table(spec: TuneSpec, cells: list[Cell], studies: dict, where: Path) -> Tab
 
 def print_status(spec: TuneSpec, cells: list[Cell], where: Path, out: Console) -> int:
     """Every study's trials and best so far, then the seed runs' states; starts nothing."""
-    from ..sweep.show import print_status as print_runs
-    from ..sweep.status import sweep_states
+    from ..show import print_status as print_runs
+    from ..status import sweep_states
     from .study import FOLDER
 
     if not (where / FOLDER).is_dir():
