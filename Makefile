@@ -35,10 +35,10 @@ $(VENV)/.installed: pyproject.toml Makefile constraints.txt
 # The default suite is the in-process tests; the tests that start other processes (DDP and
 # FSDP ranks, sweeps' workers, a fresh interpreter, runs killed on purpose) are `make
 # test-e2e`. CI runs both (.ci/run).
-test: install          ## the default suite: CPU, offline, in-process, about 8 minutes on 2 cores
+test: install          ## the default suite: CPU, offline, in-process, about 6 minutes on 2 cores
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not e2e and not mirror and not cuda and not slurm"
 
-test-e2e: install      ## the tests that start other processes, about 11 minutes on 2 cores
+test-e2e: install      ## the tests that start other processes, about 16 minutes on 2 cores
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "e2e and not slow and not mirror and not cuda and not slurm"
 
 test-slow: install     ## opt-in heavier checks (real demo model)
