@@ -52,7 +52,7 @@ test-cuda: install     ## on a GPU machine: layers, allocator, fp16, resume, swe
 
 # Every paper and causal-LM config by its real hub ids, through a local hub on 127.0.0.1
 # (tests/fixtures/hub): the runs go online to it, never to huggingface.co.
-test-mirror: install   ## the configs by their hub ids against the local hub, about 7 min
+test-mirror: install   ## the configs by their hub ids against the local hub, about 8 min
 	$(PY) -m pytest -q -m mirror tests/mirror
 
 # A one-node SLURM cluster on this machine (slurm-wlm and munge from apt-get, installed when
