@@ -311,12 +311,25 @@ class LoRAConfig:
     prune: bool = False
     """True prunes LoRA doublets with AdaLoRA's scores and schedule (prune-LoRA, Table 5);
     the budget, schedule and score come from the adalora section."""
+    rank_pattern: str | None = None
+    """A finished AdaLoRA run's directory: each matrix trains at that run's final rank
+    (its rank_pattern.json; rank 0 gets no adapter) and ``r`` is not read
+    (docs/maths.md#lora-on-adaloras-ranks). None: every matrix at rank ``r``."""
+    rank_pattern_sha256: str | None = None
+    """sha256 of that run's rank_pattern.json, recorded when the run is built, so a resumed
+    run refuses a source whose ranks have changed since."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "lora")
         _check(self.r >= 1, f"lora.r must be >= 1, got {self.r}")
         _check(self.gamma >= 0, f"lora.gamma must be >= 0, got {self.gamma}")
         _check_dropout(self.dropout, "lora.dropout")
+        _check(not (self.prune and self.rank_pattern is not None),
+               "lora.rank_pattern takes its ranks from a finished AdaLoRA run, and lora.prune "
+               "would prune them again; set one of them")
+        _check(self.rank_pattern is not None or self.rank_pattern_sha256 is None,
+               "lora.rank_pattern_sha256 is recorded with lora.rank_pattern; set "
+               "lora.rank_pattern too, or drop lora.rank_pattern_sha256")
 
 
 def _check_low_rank(section: str, rank_key: str, rank: int, alpha: float | None,
@@ -789,6 +802,16 @@ class RunConfig:
         """This config with b(T) written out for ``n`` adapted matrices (``adalora.budget``
         in place of ``adalora.target_rank``): what a run directory records."""
         return dataclasses.replace(self, adalora=self.adalora.resolved(n))
+
+    def with_values(self, values: dict[str, Any]) -> RunConfig:
+        """This config with ``{"section.key": value}`` set: what a method settles when it
+        is built (the digest of the ranks LoRA trains on), for the run directory to record."""
+        out = self
+        for key, value in values.items():
+            section, name = key.split(".")
+            out = dataclasses.replace(out, **{section: dataclasses.replace(
+                getattr(out, section), **{name: value})})
+        return out
 
     def settled_as(self, run: RunConfig) -> RunConfig:
         """This config with what a run settles from its data, where this config leaves it
