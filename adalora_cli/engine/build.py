@@ -296,6 +296,7 @@ def build_run(cfg: RunConfig, w: World | None = None,
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here
     cfg = cfg.with_final_budget(handle.n_matrices)  # adalora.target_rank -> its b(T)
+    cfg = cfg.with_values(handle.settled)  # e.g. the digest of the ranks LoRA trains on
     cfg = task.recorded(cfg)  # e.g. the labels a classifier read from its data
     if not spec.trains:
         steps = 0  # method none: the model is only evaluated

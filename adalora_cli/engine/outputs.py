@@ -143,10 +143,12 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
         trainable_params=handle.trainable_params,
     )
     allocator = handle.allocator
-    if allocator is not None:
-        pattern = allocator.rank_pattern()
+    if allocator is not None or handle.rank_pattern is not None:
+        # a controller's final ranks, or the ranks the method was built with
+        pattern = allocator.rank_pattern() if allocator else dict(handle.rank_pattern)
         run.write_json(RANK_PATTERN, pattern)
-        summary.final_adapter_params = allocator.final_adapter_params()
+        summary.final_adapter_params = (allocator.final_adapter_params() if allocator
+                                        else handle.adapter_params)
         summary.final_budget = sum(pattern.values())
         summary.final_mean_rank = round(summary.final_budget / handle.n_matrices, 4)
         from ..heatmap import plot_rank_heatmap  # matplotlib: only when a heatmap is drawn

@@ -191,6 +191,13 @@ class MethodHandle:
     """Frozen tensors the method derived when it was built and its forward depends on,
     which a rebuild could not recompute exactly (PiSSA's principal factors, IncreLoRA's
     ranks); saved and restored with the trainable ones."""
+    rank_pattern: dict[str, int] | None = None
+    """The ranks fixed when the method was built, ``{module path: rank}`` (LoRA on a
+    finished AdaLoRA run's ranks): written to the run directory as a rank controller's
+    final pattern is. None where a controller decides them, or every matrix has one rank."""
+    settled: dict[str, Any] = field(default_factory=dict)
+    """Config values the build settled (``{"lora.rank_pattern_sha256": ...}``), for the run
+    directory's config.yaml to record."""
     adapter_count: int | None = None
     """The adapter parameters at the method's initial size, when not every entry of
     ``adapter`` is a parameter of the method yet (IncreLoRA allocates room for the ranks it
