@@ -30,6 +30,7 @@ from ..tasks import get_task, gguf
 from ..tasks.base import Task, TaskData
 from ..tasks.pretrained import LOAD_ERRORS, load_failed
 from . import selection, sharding
+from .calibration import check_batches
 from .distributed import World
 from .precision import Precision, decide
 from .schedule import total_steps
@@ -292,6 +293,7 @@ def build_run(cfg: RunConfig, w: World | None = None,
     data = task.load_data(tokenizer)
     if len(data.train) == 0:
         raise ConfigError("the training split is empty; check task.data_files / task.data_dir")
+    check_batches(cfg, spec.pass_batches, len(data.train))  # a pass before training
     selection.plan(cfg, task, list(data.eval_splits))  # train.select_metric: one the task reports
     steps = total_steps(len(data.train), cfg)
     handle = apply_method(model, resolved, steps)  # rejects an impossible schedule here

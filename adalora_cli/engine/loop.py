@@ -41,6 +41,7 @@ from . import faults, sharded_checkpoint, sharding
 from . import selection as best
 from . import trial as tune_trial
 from .build import Built, build_run, run_device
+from .calibration import calibrate
 from .distributed import (
     World,
     any_rank,
@@ -404,6 +405,11 @@ def setup(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
         sharding.shard(model, handle, w, device, built.precision.amp_dtype)
     else:
         model.to(device)
+    # a method's pass before training (EVA) sets its ranks here, on the device, before the
+    # optimizer sees the parameters; a resumed run takes them from its checkpoint
+    calibrate(built, w, quiet or not w.main,
+              ckpt.load_checkpoint(latest)[0] if latest is not None
+              and built.handle.calibration is not None else None)
     model.train()
     if w.distributed and not sharded:  # DDP: gradients all-reduced (averaged) in backward;
         # eval uses ``built.model``

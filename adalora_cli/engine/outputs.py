@@ -157,7 +157,8 @@ def write_outputs(built: Built, run: RunDir, results, train_seconds: float,
             plot_rank_heatmap(pattern, run.path / HEATMAP,
                               title=f"{cfg.task.name} {cfg.method.name}: "
                                     + (f"ranks at step {chosen_step}" if chosen_step
-                                       else "final ranks")
+                                       else "final ranks" if allocator
+                                       else "ranks fixed before training")
                                     + f" (budget {sum(pattern.values())})")
     if cfg.train.save_weights:
         summary.weights = save_weights(built.model, handle, cfg, run.path, built.tokenizer,

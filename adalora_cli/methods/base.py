@@ -202,6 +202,10 @@ class MethodHandle:
     """The adapter parameters at the method's initial size, when not every entry of
     ``adapter`` is a parameter of the method yet (IncreLoRA allocates room for the ranks it
     will grow; what it keeps at the end is its allocator's ``final_adapter_params``)."""
+    calibration: Any = None
+    """A pass over the first training batches before the optimizer is built, which sets
+    each adapted module's rank and initial factors (EVA;
+    :class:`~adalora_cli.engine.calibration.CalibrationPass`); None: no pass."""
 
     @property
     def trainable(self) -> list[nn.Parameter]:

@@ -83,6 +83,10 @@ class MethodSpec:
     groups (LoRA+, SoRA), kept tensors (PiSSA) and rank controllers (SoRA, IncreLoRA) are
     not re-pointed at the sharded parameters, and none has been compared sharded against
     one process."""
+    pass_batches: str | None = None
+    """The config key holding how many training batches its pass before training reads
+    (adalora_cli/engine/calibration.py; its value None: up to one epoch); None: no pass.
+    The build refuses more batches than the training data holds."""
     trains: bool = True
     """False: its run takes no step (T = 0) and only evaluates the model as loaded (``none``,
     the base model's zero-shot score as a row beside the trained methods)."""
