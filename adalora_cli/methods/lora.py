@@ -21,8 +21,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ..config import RunConfig
-from .adalora import low_rank
+from ..config import ConfigError, RunConfig
+from ..rundir.layout import RANK_PATTERN
+from ..rundir.ranks import RankSource, read_rank_source
+from .adalora import OrthogonalRegularizer, low_rank
 from .base import (
     LinearWrapper,
     MethodHandle,
@@ -32,6 +34,7 @@ from .base import (
     optional_dropout,
 )
 from .building import Layers, fixed_rank, inject
+from .inject import replace_linears, resolve_targets
 
 
 class LoRALinear(LinearWrapper):
@@ -78,9 +81,74 @@ class LoRALinear(LinearWrapper):
 
 def build_lora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
     lo = cfg.lora
+    if lo.rank_pattern is not None:
+        return build_lora_on_ranks(model, cfg)
     return low_rank(model, cfg, total_steps, rank=lo.r, rank_key="lora.r", gamma=lo.gamma,
                     prune=lo.prune,
                     wrap=lambda lin: LoRALinear(lin, lo.r, lo.alpha, lo.dropout))
+
+
+def build_lora_on_ranks(model: nn.Module, cfg: RunConfig) -> MethodHandle:
+    """LoRA on a finished AdaLoRA run's final ranks (AutoLoRA's recipe;
+    docs/maths.md#lora-on-adaloras-ranks): matrix m at rank r_m with scale alpha / r_m, as
+    PEFT's ``rank_pattern`` scales it; a matrix AdaLoRA pruned whole gets no adapter. The
+    parameters trained are sum_m r_m (d_in + d_out), AdaLoRA's final budget in parameters."""
+    lo = cfg.lora
+    source = read_rank_source(lo.rank_pattern)
+    if lo.rank_pattern_sha256 not in (None, source.sha256):  # a resumed run's source moved on
+        raise ConfigError(f"{source.path}/{RANK_PATTERN} has changed since this run started "
+                          f"(sha256 {lo.rank_pattern_sha256[:12]} then, {source.sha256[:12]} "
+                          "now); restore that run, or start a new one")
+    paths = resolve_targets(model, cfg.method.target_modules)
+    check_pattern_fits(model, cfg, paths, source)
+    level = cfg.sweep.budget_level
+    if level is not None and source.budget != level:
+        raise ConfigError(f"lora.rank_pattern={lo.rank_pattern} kept b(T) = {source.budget} "
+                          f"ranks, but this run is at budget level {level}; name the AdaLoRA "
+                          f"run of budget {level}")
+    layers: Layers = []
+    for path in paths:  # the model's order, as every builder wraps
+        r = source.pattern[path]
+        if r > 0:
+            layers += replace_linears(
+                model, [path], lambda lin, r=r: LoRALinear(lin, r, lo.alpha, lo.dropout))
+    if not layers:
+        raise ConfigError(f"lora.rank_pattern={lo.rank_pattern} has rank 0 everywhere: there "
+                          "is nothing to train; name a run that kept some ranks")
+    regularizer = (OrthogonalRegularizer([m for _, m in layers], cfg.adalora.orth_reg)
+                   if lo.gamma > 0 else None)
+    handle = fixed_rank(model, cfg, layers, reg_weight=lo.gamma, regularizer=regularizer,
+                        rank_pattern={path: source.pattern[path] for path in paths},
+                        # the source by its absolute path, so a resume finds it from anywhere
+                        settled={"lora.rank_pattern": str(source.path.resolve()),
+                                 "lora.rank_pattern_sha256": source.sha256})
+    # every matrix the pattern covers, pruned ones too, as AdaLoRA counts them: the mean
+    # final rank b(T) / n is then AdaLoRA's own
+    handle.n_matrices = len(paths)
+    return handle
+
+
+def check_pattern_fits(model: nn.Module, cfg: RunConfig, paths: list[str],
+                       source: RankSource) -> None:
+    """The pattern names exactly the matrices this config adapts in this model; refused in
+    one line otherwise (a run of another model, or of other target modules)."""
+    key = f"lora.rank_pattern={cfg.lora.rank_pattern}"
+    modules = dict(model.named_modules())
+    foreign = [p for p in source.pattern if p not in modules]
+    if foreign:
+        raise ConfigError(f"{key} holds ranks of matrices this model does not have (e.g. "
+                          f"{foreign[0]!r}): it trained {source.model}; name an AdaLoRA run "
+                          f"of {cfg.model.name_or_path}")
+    if set(source.pattern) != set(paths):
+        extra = sorted(set(paths) ^ set(source.pattern))
+        raise ConfigError(f"{key} adapted {len(source.pattern)} matrices where "
+                          f"method.target_modules adapts {len(paths)} here (e.g. {extra[0]!r} "
+                          "is in one only); set method.target_modules as that run's config does")
+    for path in paths:
+        smallest = min(linear_dims(model.get_submodule(path)))
+        if source.pattern[path] > smallest:
+            raise ConfigError(f"{key} gives {path!r} rank {source.pattern[path]}, above its "
+                              f"smallest dimension {smallest}; name an AdaLoRA run of this model")
 
 
 def build_rslora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
