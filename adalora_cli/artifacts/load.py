@@ -88,6 +88,10 @@ def attach_trained(model: torch.nn.Module, cfg: RunConfig, run_dir: str | Path,
     trained tensors: the run's model, for a method that saves only what it trained."""
     run_dir = Path(run_dir)
     check_weights(run_dir, cfg)
+    if cfg.method.name == "lora" and cfg.lora.rank_pattern is not None:
+        # its own rank_pattern.json holds the ranks it trained at (the recorded digest is
+        # checked), so the AdaLoRA run it took them from may have moved or gone
+        cfg = cfg.with_values({"lora.rank_pattern": str(run_dir)})
     handle = apply_method(model, cfg, None)
     trained_in_fp32(handle.trainable)  # a head made beside a bf16 base is made in bf16
     try:

@@ -227,8 +227,21 @@ def _lora_entries(layers: Layers, rank_factor: int = 1) -> dict[str, Any]:
 def _lora_writer(run_dir: Path, cfg: RunConfig, summary: Summary,
                  layers: Layers) -> tuple[Tensors, dict[str, Any]]:
     """LoRA, rsLoRA (``use_rslora``: PEFT scales by alpha / sqrt(r) as we do) and LoRA+
-    (whose learning rates leave no trace in the weights)."""
-    return lora_tensors(layers), _lora_entries(layers)
+    (whose learning rates leave no trace in the weights); LoRA on a finished AdaLoRA run's
+    ranks with ``rank_pattern`` (:func:`_rank_entries`)."""
+    return lora_tensors(layers), {**_lora_entries(layers), **_rank_entries(layers)}
+
+
+def _rank_entries(layers: Layers) -> dict[str, Any]:
+    """Layers of several ranks (``lora.rank_pattern``): each module's rank in PEFT's
+    ``rank_pattern``, which PEFT scales by ``lora_alpha / r_m`` as our layer does; ``r`` the
+    largest. PEFT takes the first pattern key that ends a module's path, so the longest
+    paths come first (x.y never stands in for w.x.y). One rank everywhere: no entries."""
+    ranks = {path: layer.r for path, layer in layers}
+    if len(set(ranks.values())) == 1:
+        return {}
+    order = sorted(ranks, key=len, reverse=True)
+    return {"r": max(ranks.values()), "rank_pattern": {path: ranks[path] for path in order}}
 
 
 def _dora_writer(run_dir: Path, cfg: RunConfig, summary: Summary,

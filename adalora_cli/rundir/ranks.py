@@ -4,7 +4,9 @@ AdaLoRA kept for it.
 
 Only what the source run wrote is read (config.yaml, status.json, summary.json,
 rank_pattern.json), and each way it can be the wrong run is refused in one line: not a run,
-not AdaLoRA, not finished, or without a final pattern. Whether its matrices are this model's
+not AdaLoRA, not finished, or without a final pattern. A finished LoRA run on such ranks is
+read as its source is (its rank_pattern.json holds the same ranks), so it loads for export
+or evaluation without that run. Whether its matrices are this model's
 is for the builder to say, which holds the model.
 """
 
@@ -48,7 +50,10 @@ def read_rank_source(path: str | Path) -> RankSource:
         raise ConfigError(f"{key} is not a run directory (no {CONFIG}); {fix}")
     values = flatten(read_yaml(run / CONFIG))
     method = values.get("method.name")
-    if method != "adalora":
+    # a finished LoRA run on such ranks holds them too (its rank_pattern.json is its
+    # source's, as the digest it recorded says): how it is loaded without its source run
+    on_ranks = method == "lora" and values.get("lora.rank_pattern") is not None
+    if method != "adalora" and not on_ranks:
         raise ConfigError(f"{key} is a {method} run, not an AdaLoRA one; {fix}")
     if not is_finished(run):
         raise ConfigError(f"{key} is an unfinished run (no {SUMMARY}): its ranks are not final; "
