@@ -396,6 +396,51 @@ class PiSSAConfig:
 
 
 @dataclass(frozen=True)
+class EVAConfig:
+    """EVA (Paischer et al., 2025; arXiv 2410.07170): before training, an incremental SVD of
+    each adapted layer's inputs over the first training batches; A starts as their top
+    right-singular vectors, B at zero, and the ranks are redistributed across layers by
+    explained variance (docs/maths.md#eva). PEFT's EvaConfig defaults."""
+
+    r: int = 8
+    """The mean rank before redistribution: the total rank is n * r over the n adapted
+    matrices (``budget`` instead, when set)."""
+    alpha: float = 16.0
+    """Scaling numerator: s = alpha / r."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    rho: float = 2.0
+    """A layer's rank is at most round(rho * r); 1 keeps every layer at r (no
+    redistribution)."""
+    tau: float = 0.99
+    """A layer's SVD has converged when each of its kept right-singular vectors has cosine
+    similarity >= tau with the previous batch's."""
+    n_batches: int | None = None
+    """The most training batches the pass reads (it stops once every layer converged);
+    None: up to one epoch."""
+    budget: int | None = None
+    """The total rank over all adapted matrices (a sweep's b(T)); None: n * r."""
+    use_label_mask: bool = True
+    """Leave out of the SVD the tokens a causal LM's labels ignore (-100), as the prompt."""
+    whiten: bool = False
+    """Divide each right-singular vector by the square root of its singular value."""
+    adjust_scaling_factors: bool = True
+    """Keep s = alpha / r on every layer whatever rank it got (PEFT scales each layer's
+    alpha by its rank / r); False: s = alpha / (its rank)."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "eva")
+        _check_low_rank("eva", "r", self.r, self.alpha, self.dropout)
+        _check(self.rho >= 1, f"eva.rho must be >= 1 (a layer's rank may reach rho * eva.r; "
+                              f"1 keeps every layer at eva.r), got {self.rho}")
+        _check(0 < self.tau <= 1, f"eva.tau must lie in (0, 1], got {self.tau}")
+        _check(self.n_batches is None or self.n_batches >= 1,
+               f"eva.n_batches must be >= 1 (or unset: up to one epoch), got {self.n_batches}")
+        _check(self.budget is None or self.budget >= 1,
+               f"eva.budget must be >= 1 (or unset: n * eva.r), got {self.budget}")
+
+
+@dataclass(frozen=True)
 class LoRAPlusConfig:
     """LoRA+ (Hayou et al., 2024): LoRA whose B learns lr_ratio times faster than A
     (docs/maths.md#loraplus)."""
@@ -787,6 +832,7 @@ class RunConfig:
     dora: DoRAConfig = field(default_factory=DoRAConfig)
     pissa: PiSSAConfig = field(default_factory=PiSSAConfig)
     loraplus: LoRAPlusConfig = field(default_factory=LoRAPlusConfig)
+    eva: EVAConfig = field(default_factory=EVAConfig)
     sora: SoRAConfig = field(default_factory=SoRAConfig)
     increlora: IncreLoRAConfig = field(default_factory=IncreLoRAConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

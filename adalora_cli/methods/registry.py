@@ -156,6 +156,12 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                size_keys=(("loraplus.r", "r"),),
                match=lambda b, rbar: {"loraplus.r": round_half_up(rbar)}, peft_type="LORA",
                mergeable=True, targeted=True, shardable=False),
+    # EVA: ranks and A from an SVD of the layers' inputs before training, then LoRA
+    # (docs/maths.md#eva); its total rank is the budget level b(T).
+    MethodSpec("eva", "EVA", "eva", "eva:build_eva", size_keys=(("eva.r", "r"),),
+               match=lambda b, rbar: {"eva.r": round_half_up(rbar), "eva.budget": b},
+               peft_type="LORA", mergeable=True, targeted=True, shardable=False,
+               pass_batches="eva.n_batches"),
     MethodSpec("sora", "SoRA", "sora", "sora:build_sora", size_keys=(("sora.r_max", "r_max"),),
                match=lambda b, rbar: {"sora.r_max": init_rank_for(rbar)}, mergeable=True,
                targeted=True, shardable=False),
