@@ -212,6 +212,12 @@ class ModelConfig:
     in; the trained adapter and head are always fp32. bf16/fp16 halve the base's memory and
     need mixed precision (train.precision auto, bf16 or fp16 on CUDA, bf16 on a CPU, which
     refuses fp16); 'auto' is bf16 under bf16 autocast, else fp32."""
+    quantize: Literal["none", "nf4"] = "none"
+    """'nf4' stores the frozen base's linear weights in 4 bits (QLoRA's NormalFloat, as
+    torchao's NF4 tensors; the qlora extra): every ``nn.Linear`` of the backbone whose weight
+    splits into 64-value blocks, not embeddings, norms or heads. They are dequantized to
+    ``base_dtype`` in each forward, where the adapters meet them. Methods that train the base
+    (full, bitfit) and a GGUF base already quantized are refused."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from ..methods.registry import check_method
 from ..tasks import get_task, gguf
 from ..tasks.base import Task, TaskData
 from ..tasks.pretrained import LOAD_ERRORS, load_failed
-from . import selection, sharding
+from . import quantize, selection, sharding
 from .calibration import check_batches
 from .distributed import World
 from .precision import Precision, decide
@@ -285,6 +285,7 @@ def build_run(cfg: RunConfig, w: World | None = None,
     seed_everything(cfg.train.seed)
     spec = check_method(cfg)  # an unknown method name fails before the model is loaded
     sharding.check(cfg, w or World(), precision)
+    quantize.check(resolved, spec.trains_base, resolved.model.name_or_path)
     task = get_task(resolved)
     dtype = precision.base_dtype  # what the run asks for, not what the checkpoint stores
     # a sharded run's ranks but 0 build shapes only: rank 0 sends their rows (sharding.py)
@@ -307,14 +308,17 @@ def build_run(cfg: RunConfig, w: World | None = None,
                           f"{type(model).__name__}; choose another method.name")
     trained_in_fp32(handle.trainable)
     cast_frozen(model, dtype)
+    notes = [precision.warning()]
+    if cfg.model.quantize == "nf4":  # after the cast: NF4 dequantizes to the base's dtype
+        notes.append(quantize.quantize_base(model).note(dtype))
     no_kv_cache(model)
     if cfg.train.gradient_checkpointing:
         enable_checkpointing(model)
     if sharding.enabled(cfg):
         sharding.find_blocks(model)  # a model it cannot shard is refused here
-    note = precision.warning()
-    if note and (w is None or w.main):
-        print(note, file=sys.stderr, flush=True)
+    for note in notes:
+        if note and (w is None or w.main):
+            print(note, file=sys.stderr, flush=True)
     path = resolved.model.name_or_path
     # the file and its hash, and where it came from (a hub repo, a package) when known
     base = ({**gguf.describe(path), **gguf.origin(path, (cfg.model.name_or_path,

@@ -11,6 +11,7 @@ through the :class:`AdapterModule` protocol, never by matching parameter-name st
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -76,6 +77,23 @@ class LinearWrapper(nn.Module):
         """A ``(d_out, d_in)`` matrix in the layout of ``base.weight`` (transposed for
         ``Conv1D``), so that ``base.weight + to_base_layout(Delta W)`` merges it."""
         return delta.T if self.fan_in_fan_out else delta
+
+
+NF4_MODULE = "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"
+"""Where torchao keeps ``NF4Tensor``, the 4-bit weight of a ``model.quantize=nf4`` base."""
+
+
+def is_nf4(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is torchao's NF4Tensor (False whenever torchao was never loaded)."""
+    module = sys.modules.get(NF4_MODULE)
+    return module is not None and isinstance(tensor, module.NF4Tensor)
+
+
+def dense(weight: torch.Tensor) -> torch.Tensor:
+    """A base weight as a plain tensor: a 4-bit NF4 one dequantized to the dtype it computes
+    in (the values the run trains against), any other as it is. For arithmetic on ``W0``
+    itself (DoRA's norm), which an NF4 tensor does not support."""
+    return weight.get_original_weight().to(weight.dtype) if is_nf4(weight) else weight
 
 
 def optional_dropout(p: float) -> nn.Module:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import RunConfig
-from .base import MethodHandle
+from .base import MethodHandle, dense
 from .building import fixed_rank, inject
 from .lora import LoRALinear
 
@@ -39,7 +39,7 @@ class DoRALinear(LoRALinear):
 
     def base_weight(self) -> torch.Tensor:
         """``W0`` in ``(d_out, d_in)`` layout whatever the base layer stores."""
-        w = self.base.weight
+        w = dense(self.base.weight)  # a 4-bit NF4 base dequantized: W0 as the forward sees it
         return w.T if self.fan_in_fan_out else w
 
     def _direction_norm(self) -> torch.Tensor:

@@ -87,6 +87,9 @@ class MethodSpec:
     """The config key holding how many training batches its pass before training reads
     (adalora_cli/engine/calibration.py; its value None: up to one epoch); None: no pass.
     The build refuses more batches than the training data holds."""
+    trains_base: bool = False
+    """It trains the pretrained weights themselves (full fine-tuning, BitFit's biases), so
+    the base cannot be frozen in 4 bits (``model.quantize=nf4`` is refused)."""
     trains: bool = True
     """False: its run takes no step (T = 0) and only evaluates the model as loaded (``none``,
     the base model's zero-shot score as a row beside the trained methods)."""
@@ -127,8 +130,9 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # the cheapest baselines first.
     MethodSpec("none", "Base model", None, "full:build_none", mergeable=True, trains=False),
     MethodSpec("full", "Full FT", None, "full:build_full", mergeable=True,
-               saves_whole_model=True),
-    MethodSpec("bitfit", "BitFit", None, "bitfit:build_bitfit", mergeable=True),
+               saves_whole_model=True, trains_base=True),
+    MethodSpec("bitfit", "BitFit", None, "bitfit:build_bitfit", mergeable=True,
+               trains_base=True),
     MethodSpec("houlsby", "HAdapter", "adapter", "adapters:build_houlsby",
                size_keys=(("adapter.dim", "d"),),
                match=lambda b, rbar: {"adapter.dim": round_half_up(4 * rbar)}),

@@ -240,39 +240,85 @@ def _metadata_text(path: str, key: str) -> str | None:
         return None
 
 
-def _find_text(handle, key: str) -> str | None:
-    def unpack(fmt: str):
+class _Header:
+    """Reads a GGUF header's fields in order: its key/value list, then its tensor list."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def unpack(self, fmt: str):
         size = struct.calcsize(fmt)
-        data = handle.read(size)
+        data = self.handle.read(size)
         if len(data) != size:
             raise ValueError("truncated")
         return struct.unpack(fmt, data)[0]
 
-    def text() -> str:
-        return handle.read(unpack("<Q")).decode("utf-8")
+    def text(self) -> str:
+        return self.handle.read(self.unpack("<Q")).decode("utf-8")
 
-    def skip(kind: int) -> None:
+    def skip(self, kind: int) -> None:
         if kind == 8:
-            handle.seek(unpack("<Q"), 1)
+            self.handle.seek(self.unpack("<Q"), 1)
         elif kind == 9:
-            item, count = unpack("<I"), unpack("<Q")
+            item, count = self.unpack("<I"), self.unpack("<Q")
             if item in _SCALARS:
-                handle.seek(struct.calcsize(_SCALARS[item]) * count, 1)
+                self.handle.seek(struct.calcsize(_SCALARS[item]) * count, 1)
             else:
                 for _ in range(count):
-                    skip(item)
+                    self.skip(item)
         elif kind in _SCALARS:
-            handle.seek(struct.calcsize(_SCALARS[kind]), 1)
+            self.handle.seek(struct.calcsize(_SCALARS[kind]), 1)
         else:
             raise ValueError(f"unknown GGUF value type {kind}")
 
-    if handle.read(4) != b"GGUF" or unpack("<I") < 2:
+    def start(self) -> tuple[int, int] | None:
+        """``(tensor count, key/value count)``, or None for a file that is not GGUF v2+."""
+        if self.handle.read(4) != b"GGUF" or self.unpack("<I") < 2:
+            return None
+        return self.unpack("<Q"), self.unpack("<Q")
+
+
+def _find_text(handle, key: str) -> str | None:
+    header = _Header(handle)
+    counts = header.start()
+    if counts is None:
         return None
-    unpack("<Q")  # tensor count
-    for _ in range(unpack("<Q")):  # key/value pairs
-        name, kind = text(), unpack("<I")
+    for _ in range(counts[1]):  # key/value pairs
+        name, kind = header.text(), header.unpack("<I")
         if name == key and kind == 8:
-            value = text().strip()
+            value = header.text().strip()
             return value or None
-        skip(kind)
+        header.skip(kind)
     return None
+
+
+def tensor_types(path: str) -> dict[int, str]:
+    """The GGML types the file's tensors are stored in, ``{type number: name}`` (``F32``,
+    ``Q4_1``, ...): whether its weights are plain floats or already quantized. Read from
+    the header's tensor list, as :func:`_metadata_text` reads the key/value list."""
+    found: dict[int, str] = {}
+    with open(path, "rb") as handle:
+        header = _Header(handle)
+        counts = header.start()
+        if counts is None:
+            raise ConfigError(f"{path} is not a GGUF file (version 2 or later)")
+        for _ in range(counts[1]):
+            header.text()
+            header.skip(header.unpack("<I"))
+        for _ in range(counts[0]):  # name, dimensions, type, offset
+            header.text()
+            handle.seek(8 * header.unpack("<I"), 1)
+            code = header.unpack("<I")
+            header.unpack("<Q")
+            found.setdefault(code, _type_name(code))
+    return found
+
+
+def _type_name(code: int) -> str:
+    """GGML's name of a tensor type (the gguf package's table; the number without it)."""
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(code).name
+    except (ImportError, ValueError):
+        return f"type {code}"
