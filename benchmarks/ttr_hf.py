@@ -16,7 +16,8 @@ validation split. Known differences, both Trainer defaults: no weight decay on b
 LayerNorm weights, and warm-up starting from lr 0 rather than lr/warmup.
 
 Precision: fp32, Trainer's default on a CPU; ``TTR_HF_BF16=1`` in the environment sets
-``bf16=True`` (Trainer's CPU bf16 autocast), time_to_result.py's ``--hf-bf16``.
+``bf16=True`` (Trainer's CPU bf16 autocast): time_to_result.py sets it for the like-for-like run
+where ours computes in bf16, and for ``--trainer bf16``.
 
 Prints one JSON line like ttr_ours.py: wall, load, train, evaluate, other, accuracy,
 precision.
