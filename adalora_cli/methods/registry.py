@@ -62,6 +62,10 @@ class MethodSpec:
     match: Callable[[int, Fraction], dict[str, int]] | None = None
     """Budget level b(T) and rbar = b(T) / n -> the config values that give this method the
     matching size (docs/maths.md#budget-levels); None: its size does not follow the budget."""
+    own_size: Callable[[RunConfig], str | None] = lambda cfg: None
+    """The size in words of a config that sizes the method otherwise than its size keys
+    (LoRA on a finished AdaLoRA run's ranks: ``ranks=adalora``), None for one that does not.
+    A budget level then writes none of its size keys (the level is checked at build)."""
     peft_type: str | None = None
     """PEFT's ``peft_type`` when ``--format peft`` can export it."""
     mergeable: bool = False
@@ -100,6 +104,9 @@ class MethodSpec:
 
     def size_label(self, cfg: RunConfig, level: int | None) -> str:
         """The size in words, e.g. ``r0=4`` (``r0=4 b(T)=144`` without a budget level)."""
+        own = self.own_size(cfg)
+        if own is not None:
+            return own
         keys = self.size_keys + (self.unmatched_size_keys if level is None else ())
         return " ".join(f"{label}={config_value(cfg, key)}" for key, label in keys)
 
@@ -143,7 +150,9 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                match=lambda b, rbar: {"lora.r": round_half_up(rbar)}, peft_type="LORA",
                mergeable=True, prunes=lambda cfg: cfg.lora.prune, targeted=True,
                borrows=lambda cfg: ("adalora",) if cfg.lora.prune or cfg.lora.gamma > 0
-               else ()),
+               else (),
+               # docs/maths.md#lora-on-adaloras-ranks: lora.r is not read then
+               own_size=lambda cfg: "ranks=adalora" if cfg.lora.rank_pattern else None),
     # Today's baselines (docs/maths.md#todays-baselines): LoRA's variants at LoRA's rank,
     # SoRA from AdaLoRA's r0 down to the ranks its gates keep, IncreLoRA up to b(T).
     MethodSpec("rslora", "rsLoRA", "rslora", "lora:build_rslora",
@@ -241,6 +250,14 @@ def comparable_config(cfg: RunConfig) -> dict[str, Any]:
         out[key] = value
     if cfg.train.max_steps is not None:
         out.pop("train.epochs", None)  # T = max_steps: epochs is not read
+    if out.get("lora.rank_pattern") is not None:
+        out.pop("lora.r", None)  # not read: each matrix at its source run's rank
+        level = cfg.sweep.budget_level
+        if level is not None:
+            # at a budget level each seed trains on the AdaLoRA run of its own seed at that
+            # b(T) (the build checks the b(T)): the source varies as the seed does
+            out["lora.rank_pattern"] = f"AdaLoRA's final ranks at b(T) = {level}"
+            out.pop("lora.rank_pattern_sha256", None)
     return out
 
 

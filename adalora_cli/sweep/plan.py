@@ -286,9 +286,15 @@ def _planned(spec: SweepSpec, config: Path, stem: str, method: str, level: int |
                  f"sweep.name={spec.name}",
                  f"sweep.budget_level={level if level is not None else 'null'}", *extra)
     cfg = load_config(config, list(overrides))  # every run's config is valid before any starts
+    spec = method_spec(method)
+    if sized and spec.own_size(cfg) is not None:
+        # sized otherwise (LoRA on an AdaLoRA run's ranks): the level sets none of its keys,
+        # the build checks the source's b(T) against it
+        overrides = tuple(o for o in overrides if o not in sized)
+        cfg = load_config(config, list(overrides))
     check_trackers(cfg)  # a missing tracker package stops the whole sweep
     # the size in words as the run's summary will record it; '' where no budget matched it
-    size = method_spec(method).size_label(cfg, level) if sized else ""
+    size = spec.size_label(cfg, level) if sized else ""
     return PlannedRun(name, config, method, level, seed, overrides, size,
                       sharded=cfg.train.sharding == "fsdp")
 
