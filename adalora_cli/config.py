@@ -555,6 +555,51 @@ class IncreLoRAConfig:
 
 
 @dataclass(frozen=True)
+class GoRAConfig:
+    """GoRA (He et al., 2025): ranks in proportion to mean(|W * G|) under LoRA's budget at
+    the mean rank r, A random and B from the gradients of the frozen weights, gathered over
+    the first n_batches training batches before training (docs/maths.md#gora)."""
+
+    r: int = 8
+    """Mean rank (the paper's reference rank): the budget is LoRA's parameters at rank r in
+    every matrix, b(T) = r n ranks where all matrices have one shape."""
+    alpha: float = 16.0
+    """Scaling numerator: Delta W = (alpha / r) B A with the mean rank r in every matrix."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    r_min: int | None = None
+    """Smallest rank a matrix gets; None: r / 2 rounded up (the paper's 4 at r = 8)."""
+    r_max: int | None = None
+    """Largest rank a matrix gets; None: 4 r (the paper's 32 at r = 8)."""
+    n_batches: int | None = 64
+    """Training batches whose mean gradient decides ranks and B (the paper's 64); None: one
+    epoch. More than the training split holds is refused."""
+    init_scale: float = 0.05
+    """gamma: the adapter starts as a gradient step of this size,
+    s B A = -gamma sqrt(d_in / r_i) G A^+ A; 0 starts B at zero, as LoRA."""
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.r
+
+    def bounds(self) -> tuple[int, int]:
+        """``(r_min, r_max)`` with their defaults filled in."""
+        r_min = self.r_min if self.r_min is not None else max(1, math.ceil(self.r / 2))
+        return r_min, self.r_max if self.r_max is not None else 4 * self.r
+
+    def __post_init__(self) -> None:
+        _check_finite(self, "gora")
+        _check_low_rank("gora", "r", self.r, self.alpha, self.dropout)
+        _check(self.n_batches is None or self.n_batches >= 1,
+               f"gora.n_batches must be >= 1 when set, got {self.n_batches}")
+        _check(self.init_scale >= 0, f"gora.init_scale must be >= 0, got {self.init_scale}")
+        r_min, r_max = self.bounds()
+        _check(1 <= r_min <= self.r <= r_max,
+               f"gora's rank bounds must satisfy 1 <= r_min <= r <= r_max, got r_min={r_min}, "
+               f"r={self.r}, r_max={r_max}; set gora.r_min and gora.r_max around gora.r")
+
+
+@dataclass(frozen=True)
 class AdapterConfig:
     dim: int = 32
     """Bottleneck width d of the Houlsby / Pfeiffer adapters."""
@@ -841,6 +886,7 @@ class RunConfig:
     eva: EVAConfig = field(default_factory=EVAConfig)
     sora: SoRAConfig = field(default_factory=SoRAConfig)
     increlora: IncreLoRAConfig = field(default_factory=IncreLoRAConfig)
+    gora: GoRAConfig = field(default_factory=GoRAConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sweep: SweepMeta = field(default_factory=SweepMeta)
     log: LogConfig = field(default_factory=LogConfig)  # trackers mirror the run directory

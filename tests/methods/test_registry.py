@@ -133,10 +133,11 @@ def test_the_paper_row_order_and_titles():
     # the base model first, the paper's rows, today's baselines after LoRA, and AdaLoRA last
     # as in Table 1
     assert list(METHODS) == ["none", "full", "bitfit", "houlsby", "pfeiffer", "lora", "rslora",
-                             "dora", "pissa", "loraplus", "sora", "increlora", "adalora"]
+                             "dora", "pissa", "loraplus", "eva", "gora", "sora", "increlora",
+                             "adalora"]
     assert [s.title for s in METHODS.values()] == [
         "Base model", "Full FT", "BitFit", "HAdapter", "PAdapter", "LoRA", "rsLoRA", "DoRA",
-        "PiSSA", "LoRA+", "SoRA", "IncreLoRA", "AdaLoRA"]
+        "PiSSA", "LoRA+", "EVA", "GoRA", "SoRA", "IncreLoRA", "AdaLoRA"]
     assert [n for n, s in METHODS.items() if not s.trains] == ["none"]
 
 
@@ -146,8 +147,8 @@ def test_an_unknown_method_is_one_line_naming_every_choice():
     with pytest.raises(ConfigError) as info:
         check_method(bad)
     assert str(info.value) == ("unknown method.name 'qlora'; choose from none, full, bitfit, "
-                               "houlsby, pfeiffer, lora, rslora, dora, pissa, loraplus, sora, "
-                               "increlora, adalora")
+                               "houlsby, pfeiffer, lora, rslora, dora, pissa, loraplus, eva, "
+                               "gora, sora, increlora, adalora")
     with pytest.raises(ConfigError, match="unknown method.name 'qlora'"):
         apply_method(tiny_bert(), bad, None)
 
@@ -178,6 +179,8 @@ def test_budget_matching_at_rbar_2_on_72_matrices():
                    "houlsby": ["adapter.dim=8"], "pfeiffer": ["adapter.dim=16"],
                    "lora": ["lora.r=2"], "rslora": ["rslora.r=2"], "dora": ["dora.r=2"],
                    "pissa": ["pissa.r=2"], "loraplus": ["loraplus.r=2"],
+                   "eva": ["eva.r=2", "eva.budget=144"],  # its total rank is b(T)
+                   "gora": ["gora.r=2"],  # LoRA's budget at the mean rank
                    "sora": ["sora.r_max=4"],  # starts at AdaLoRA's r0
                    "increlora": ["increlora.budget=144"],  # grows to b(T) itself
                    "adalora": ["adalora.budget=144", "adalora.init_rank=4"]}
@@ -187,7 +190,7 @@ def test_budget_matching_at_rbar_2_on_72_matrices():
 def test_export_and_weights_flags():
     assert {n: s.peft_type for n, s in METHODS.items() if s.peft_type} == {
         "lora": "LORA", "rslora": "LORA", "dora": "LORA", "pissa": "LORA", "loraplus": "LORA",
-        "adalora": "ADALORA"}
+        "eva": "LORA", "adalora": "ADALORA"}
     assert [n for n, s in METHODS.items() if not s.mergeable] == ["houlsby", "pfeiffer"]
     assert [n for n, s in METHODS.items() if s.saves_whole_model] == ["full"]
 
@@ -198,7 +201,7 @@ def test_consumers_derive_their_lists_from_the_registry(monkeypatch):
     from adalora_cli.report import tables
     from adalora_cli.sweep import plan
 
-    new = ("rslora", "dora", "pissa", "loraplus", "sora", "increlora")
+    new = ("rslora", "dora", "pissa", "loraplus", "eva", "gora", "sora", "increlora")
     assert plan.SIZED == ("houlsby", "pfeiffer", "lora", *new, "adalora")
     assert merged.MERGEABLE == ("none", "full", "bitfit", "lora", *new, "adalora")
     assert tables.METHOD_NAMES == {n: s.title for n, s in METHODS.items()}
