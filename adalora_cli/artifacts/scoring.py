@@ -124,8 +124,33 @@ def precision_record(summary: Summary, fmt: str) -> dict[str, Any]:
     """``precision.json`` of an export in ``fmt``: ``autocast``, ``base_dtype`` and
     ``device`` of the run's own scores, and ``how``, a sentence on running the export so."""
     ran = summary.precision or {}
+    record = _precision_words(ran, (summary.device or "cpu").split(":")[0], fmt)
+    quant = ran.get("base_quant")
+    if quant == "nf4":
+        record["base_quant"] = quant
+        record["how"] = f"{nf4_words(fmt, record['base_dtype'])} {record['how']}"
+    return record
+
+
+def nf4_words(fmt: str, base: str) -> str:
+    """What a loader must do with a run that trained on a 4-bit NF4 base (model.quantize)."""
+    if fmt == "merged":
+        return ("The run trained on a 4-bit NF4 base (model.quantize=nf4): these merged "
+                "weights are that base dequantized plus the adapter's update, saved in full "
+                "precision; load them as they are (quantizing them to 4 bits again rounds "
+                "the update too).")
+    compute = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(base, "torch.float32")
+    return ("The run trained on a 4-bit NF4 base (model.quantize=nf4): load the base model "
+            "with its linear layers in NF4, 64-value blocks with double-quantized scales "
+            "(transformers' BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', "
+            "bnb_4bit_use_double_quant=True, "
+            f"bnb_4bit_compute_dtype={compute}), or torchao's to_nf4), then apply this "
+            "adapter; on a full-precision base it computes the run's model up to NF4's "
+            "rounding, and scores can differ.")
+
+
+def _precision_words(ran: dict[str, Any], device: str, fmt: str) -> dict[str, Any]:
     autocast, base = ran.get("autocast", "fp32"), ran.get("base_dtype", "fp32")
-    device = (summary.device or "cpu").split(":")[0]
     if autocast not in ("bf16", "fp16"):
         how = ("The run's scores came from fp32: load and run the model in float32, as it "
                "is saved.")

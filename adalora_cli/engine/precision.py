@@ -133,6 +133,9 @@ class Precision:
     """The dtype of the frozen base weights (adapters and head stay fp32)."""
     native_bf16: bool = False
     """Whether the device computes bf16 in hardware (:func:`native_bf16`)."""
+    base_quant: str = "none"
+    """``model.quantize``: nf4 stores the frozen base's linear weights in 4 bits, dequantized
+    to ``base_dtype`` in each forward (engine/quantize.py)."""
 
     @classmethod
     def of(cls, asked: str, device: torch.device,
@@ -177,9 +180,13 @@ class Precision:
 
     def record(self, skipped_steps: int) -> dict[str, Any]:
         """What ran, for summary.json: the autocast, the frozen base's dtype, whether fp16
-        loss scaling was on, and how many steps it skipped (all attempts)."""
-        return {"autocast": self.autocast, "base_dtype": dtype_name(self.base_dtype),
-                "loss_scaling": self.loss_scaling, "skipped_steps": skipped_steps}
+        loss scaling was on, and how many steps it skipped (all attempts); ``base_quant``
+        for a 4-bit base."""
+        out = {"autocast": self.autocast, "base_dtype": dtype_name(self.base_dtype),
+               "loss_scaling": self.loss_scaling, "skipped_steps": skipped_steps}
+        if self.base_quant != "none":
+            out["base_quant"] = self.base_quant
+        return out
 
 
 def decide(cfg: RunConfig, device: torch.device) -> Precision:
@@ -188,4 +195,4 @@ def decide(cfg: RunConfig, device: torch.device) -> Precision:
     asked = cfg.train.precision
     autocast = resolve(asked, device)
     return Precision(asked, device, autocast, _base(cfg, device, autocast),
-                     native_bf16(device))
+                     native_bf16(device), cfg.model.quantize)

@@ -14,7 +14,7 @@ trains, the matrices the adapters wrap and those they leave alone. Embeddings, n
 task head and a language model's output layer keep ``model.base_dtype``, as in QLoRA. A
 weight must split into 64-value blocks; its scales are grouped 256 to a block where their
 number allows, else in the largest group under 256 that divides it (SmolLM2-135M's 576 x 576
-matrices have 5,184 scales: groups of 192). A weight that does not split into 64-value blocks
+matrices have 5,184 scales: groups of 216). A weight that does not split into 64-value blocks
 (the test models' 37-wide FFN) or a GPT-2 ``Conv1D`` stays in ``model.base_dtype``, and the
 run says how many did.
 
