@@ -7,7 +7,8 @@ with ``save_pretrained``. ``load_run`` rebuilds the model from ``config.yaml`` a
 the weights back, which is all a later evaluation or resume needs. Asked for a
 half-precision base (``dtype``), it builds the model the way the run's build did: loaded
 in that dtype, the trained parameters in fp32, every frozen one cast, so that a run that
-trained on a bf16 base is scored again on the same bf16 weights.
+trained on a bf16 base is scored again on the same bf16 weights; a run on a 4-bit base
+(``model.quantize=nf4``) gets its base's linear weights in NF4 again.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..engine.build import (
     seed_everything,
     trained_in_fp32,
 )
+from ..engine.quantize import quantize_base
 from ..errors import first_line
 from ..methods import apply_method
 from ..methods.registry import method_spec
@@ -106,4 +108,6 @@ def attach_trained(model: torch.nn.Module, cfg: RunConfig, run_dir: str | Path,
                          f"{sorted(missing)[:3]}")
     model.load_state_dict(state, strict=False)
     cast_frozen(model, dtype)  # as the build does after loading: e.g. BERT's pooler
+    if cfg.model.quantize == "nf4":  # the 4-bit base the run trained on, as its build made it
+        quantize_base(model)
     return model
