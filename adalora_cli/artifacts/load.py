@@ -102,6 +102,8 @@ def attach_trained(model: torch.nn.Module, cfg: RunConfig, run_dir: str | Path,
         raise ConfigError(f"{run_dir / WEIGHTS} cannot be read ({first_line(err)}): it is "
                           "damaged or truncated; restore it, or train the run again"
                           ) from None
+    if handle.calibration is not None:  # ranks its pass chose before training: as saved
+        handle.calibration.restore({name: t.shape for name, t in state.items()})
     missing = set(state) - {name for name, _ in model.named_parameters()}
     if missing:
         raise ValueError(f"{run_dir / WEIGHTS} holds tensors the rebuilt model lacks: "

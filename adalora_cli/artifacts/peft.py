@@ -49,6 +49,7 @@ from ..engine.outputs import head_modules
 from ..methods.adalora import SVDLinear
 from ..methods.base import adapter_modules
 from ..methods.dora import DoRALinear
+from ..methods.gora import GoRALinear
 from ..methods.lora import LoRALinear
 from ..methods.pissa import PiSSALinear
 from ..methods.registry import METHODS
@@ -267,8 +268,25 @@ def _pissa_writer(run_dir: Path, cfg: RunConfig, summary: Summary,
     return tensors, _lora_entries(layers, rank_factor=2)
 
 
+def _gora_writer(run_dir: Path, cfg: RunConfig, summary: Summary,
+                 layers: Layers) -> tuple[Tensors, dict[str, Any]]:
+    """GoRA (docs/maths.md#gora): LoRA at several ranks, every module scaled by
+    ``alpha / r`` with the mean rank r. PEFT scales module m by ``alpha_m / r_m`` from its
+    ``alpha_pattern`` and ``rank_pattern``, so ``alpha_m = s r_m``; the longest paths first,
+    as :func:`_rank_entries` orders them."""
+    s = layers[0][1].scaling  # one s in every module of a GoRA run
+    ranks = {path: layer.r for path, layer in layers}
+    order = sorted(ranks, key=len, reverse=True)
+    r = max(ranks.values())
+    return lora_tensors(layers), {
+        **_lora_entries(layers), "r": r, "lora_alpha": s * r,
+        "rank_pattern": {path: ranks[path] for path in order},
+        "alpha_pattern": {path: s * ranks[path] for path in order}}
+
+
 WRITERS: dict[type[nn.Module], Writer] = {SVDLinear: _adalora_writer, LoRALinear: _lora_writer,
-                                          DoRALinear: _dora_writer, PiSSALinear: _pissa_writer}
+                                          DoRALinear: _dora_writer, PiSSALinear: _pissa_writer,
+                                          GoRALinear: _gora_writer}
 """Adapted-layer type -> its PEFT writer (the exact type: a DoRA layer is not written as
 LoRA). A run whose layers have no entry is refused, never written as something else."""
 

@@ -34,6 +34,7 @@ from ..engine.outputs import head_modules
 from ..methods.adalora import SVDLinear
 from ..methods.base import adapter_modules
 from ..methods.dora import DoRALinear
+from ..methods.gora import GoRALinear
 from ..methods.increlora import IncreLoRALinear
 from ..methods.lora import LoRALinear
 from ..methods.pissa import PiSSALinear
@@ -50,6 +51,8 @@ FOLDS: dict[type[nn.Module], Callable[[Any], Factors]] = {
     SVDLinear: lambda m: (m.P * (m.lam * m.scaling), m.Q),
     # LoRA and LoRA+ (alpha / r) B A, rsLoRA (alpha / sqrt(r)) B A: the layer's scaling says
     LoRALinear: lambda m: (m.B * m.scaling, m.A),
+    # GoRA: alpha / r with the mean rank r, whatever the module's own rank
+    GoRALinear: lambda m: (m.B * m.scaling, m.A),
     # (alpha / r_max) B diag(g) A
     SoRALinear: lambda m: (m.B * (m.gate * m.scaling), m.A),
     # (alpha / rank) P diag(lam) Q, with the reserve triplets' small lam the forward uses too

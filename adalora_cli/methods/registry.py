@@ -178,8 +178,8 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # GoRA (docs/maths.md#gora): ranks from a gradient pass before training, under LoRA's
     # budget at the mean rank r (b(T) = r n ranks where every matrix has one shape).
     MethodSpec("gora", "GoRA", "gora", "gora:build_gora", size_keys=(("gora.r", "r"),),
-               match=lambda b, rbar: {"gora.r": round_half_up(rbar)}, mergeable=True,
-               targeted=True, shardable=False, pass_batches="gora.n_batches"),
+               match=lambda b, rbar: {"gora.r": round_half_up(rbar)}, peft_type="LORA",
+               mergeable=True, targeted=True, shardable=False, pass_batches="gora.n_batches"),
     MethodSpec("sora", "SoRA", "sora", "sora:build_sora", size_keys=(("sora.r_max", "r_max"),),
                match=lambda b, rbar: {"sora.r_max": init_rank_for(rbar)}, mergeable=True,
                targeted=True, shardable=False),

@@ -248,3 +248,44 @@ def test_more_pass_batches_than_the_data_holds_is_one_line(tmp_path):
         "train.batch_size=8 (64 examples); lower gora.n_batches to at most 8 (or leave it "
         "unset: up to one epoch)")
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- export
+
+
+@pytest.mark.parametrize("fmt", ["peft", "lora"])
+def test_the_export_loads_in_peft_alone_with_the_runs_logits(smoke_runs, tmp_path, fmt):
+    """A GoRA run comes back at the ranks its pass chose (load_run restores them from the
+    saved tensors), and exports as a PEFT LoraConfig whose rank_pattern holds each module's
+    rank and alpha_pattern keeps s = alpha / r in each: PEFT alone gives the run's logits.
+    B is amplified 40 times first, so one wrong rank or scale moves them far past 1e-5."""
+    import json
+
+    import peft
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForSequenceClassification
+
+    from tests.artifacts.test_export_baselines import TINY_BERT, _batch, _export, _ours
+    from tests.conftest import copy_of
+
+    shared = smoke_runs("configs/smoke/glue.yaml", "method.name=gora", "train.max_steps=4")
+    run = copy_of(shared, tmp_path / "run")
+    weights = run / "adapter_model.safetensors"
+    state = load_file(str(weights))
+    save_file({k: v * 40.0 if k.endswith(".B") else v for k, v in state.items()}, str(weights))
+    ranks = json.loads((run / "rank_pattern.json").read_text())
+    _export(run, fmt, tmp_path / fmt)
+    config = json.loads((tmp_path / fmt / "adapter_config.json").read_text())
+    assert config["rank_pattern"] == ranks and config["r"] == max(ranks.values())
+    if fmt == "peft":  # s = alpha / r = 8 / 2 = 4 in every module: alpha_m = 4 r_m
+        assert config["alpha_pattern"] == {p: 4.0 * r for p, r in ranks.items()}
+    batch = _batch()
+    ref = _ours(run, batch)
+    base = AutoModelForSequenceClassification.from_pretrained(TINY_BERT, num_labels=2)
+    model = peft.PeftModel.from_pretrained(base, tmp_path / fmt).eval()
+    with torch.no_grad():
+        got = model(**batch).logits
+        with model.disable_adapter():
+            without = model(**batch).logits
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    assert (without - ref).abs().max() > 1e-2  # the adapter matters

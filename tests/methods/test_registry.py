@@ -190,7 +190,7 @@ def test_budget_matching_at_rbar_2_on_72_matrices():
 def test_export_and_weights_flags():
     assert {n: s.peft_type for n, s in METHODS.items() if s.peft_type} == {
         "lora": "LORA", "rslora": "LORA", "dora": "LORA", "pissa": "LORA", "loraplus": "LORA",
-        "eva": "LORA", "adalora": "ADALORA"}
+        "eva": "LORA", "gora": "LORA", "adalora": "ADALORA"}
     assert [n for n, s in METHODS.items() if not s.mergeable] == ["houlsby", "pfeiffer"]
     assert [n for n, s in METHODS.items() if s.saves_whole_model] == ["full"]
 
