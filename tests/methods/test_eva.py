@@ -151,3 +151,19 @@ def test_rho_below_one_is_refused_in_one_line(rho):
     with pytest.raises(ConfigError, match=r"^eva\.rho must be >= 1 .*got") as err:
         run_config("eva", eva={"rho": rho})
     assert "\n" not in str(err.value)
+
+
+def test_a_resumed_run_takes_its_ranks_from_its_checkpoint_not_a_new_pass():
+    """The ranks a pass chose are the shapes of the saved A; a rebuilt model restored from
+    them has every module at that rank (the checkpoint's tensors then load into it)."""
+    model = tiny_bert()
+    mine, cal = ours(model, batches(40), r=2)
+    saved = {name: p.detach() for name, p in model.named_parameters() if name.endswith(".A")}
+    rebuilt = tiny_bert()
+    handle = apply_method(rebuilt, run_config("eva", eva={"r": 2},
+                                              method={"target_modules": TARGETS}), 10)
+    ranks = handle.calibration.restore({k: v.shape for k, v in saved.items()})
+    assert ranks == {path: a.shape[0] for path, a in mine.items()}
+    rebuilt.load_state_dict(saved, strict=False)  # shapes fit: no size mismatch
+    for path, layer in handle.layers:
+        torch.testing.assert_close(layer.A, mine[path], atol=0, rtol=0)
