@@ -90,7 +90,7 @@ demo-llm: install      ## SmolLM2-135M-Instruct (GGUF) on BBC topic chats: base 
 # on a GPU also: step times in bf16 at the demo and the paper's DeBERTaV3-base and
 # BART-large shapes (AdaLoRA / LoRA, ours / PEFT); everywhere, tokens per second of the
 # LLM demo's fine-tuning, ours against HF Trainer + PEFT LoRA
-bench: install         ## step-time ratios, LLM tokens/s, then time to result vs HF Trainer + PEFT
+bench: install         ## step times, LLM tokens/s, time to result (a run, a --jobs 2 sweep) vs Trainer + PEFT
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/step_time.py
 	@if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
 	  for shape in demo deberta-v3-base bart-large; do \
@@ -104,6 +104,7 @@ bench: install         ## step-time ratios, LLM tokens/s, then time to result vs
 	fi
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/ddp_step.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/time_to_result.py $(BENCH_ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/sweep_to_result.py
 
 lint: install
 	$(VENV)/bin/ruff check adalora_cli tests benchmarks scripts
