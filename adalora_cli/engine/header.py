@@ -118,8 +118,10 @@ def built_line(built: Built) -> str:
     from .precision import dtype_name
 
     params = sum(p.numel() for p in built.model.parameters())
-    parts = [f"model: {_millions(params)} parameters, base weights "
-             f"{dtype_name(built.precision.base_dtype)}"]
+    base = dtype_name(built.precision.base_dtype)
+    if built.precision.base_quant != "none":  # 4-bit linears, computed in the base dtype
+        base = f"{built.precision.base_quant} (computed in {base})"
+    parts = [f"model: {_millions(params)} parameters, base weights {base}"]
     if built.handle.n_matrices:
         parts.append(f"{built.handle.n_matrices} adapted matrices")
     parts.append(f"trains {_millions(built.handle.trainable_params)} parameters")

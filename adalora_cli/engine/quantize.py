@@ -47,20 +47,20 @@ def _nf4():
     import logging
 
     # torchao announces at import every optional CUDA kernel this build cannot load (none
-    # of them is NF4's), and torch a deprecation in how torchao registers its enums: keep
-    # both off the run's output
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
+    # of them is NF4's): keep that off the run's output. torch warns of a deprecation in
+    # how torchao registers its enums, at import and again when transformers later loads
+    # more of torchao: that logger stays quiet for the process
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    quiet = logging.getLogger("torchao")
+    level = quiet.level
     try:
-        for logger in loggers:
-            logger.setLevel(logging.ERROR)
+        quiet.setLevel(logging.ERROR)
         return importlib.import_module(NF4_MODULE)
     except ImportError as err:
         raise ConfigError(f"model.quantize=nf4 needs torchao ({err}); install it with "
                           f"{INSTALL_HINT}, or set model.quantize=none") from None
     finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+        quiet.setLevel(level)
 
 
 def check(cfg: RunConfig, trains_base: bool, path: str) -> None:

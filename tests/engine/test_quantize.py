@@ -19,6 +19,7 @@ from adalora_cli.cli import app
 from adalora_cli.config import ConfigError, load_config
 from adalora_cli.engine import quantize
 from adalora_cli.engine.build import build_run, load_model
+from adalora_cli.engine.header import built_line
 from adalora_cli.engine.step import Stepper
 from adalora_cli.methods.base import NF4_MODULE, is_nf4
 from adalora_cli.tasks import get_task
@@ -122,6 +123,7 @@ def test_a_bf16_base_quantizes_from_bf16_and_computes_in_it(in_repo):
     q = built.model.get_submodule("model.layers.0.self_attn.q_proj").base.weight
     assert is_nf4(q) and q.dtype == torch.bfloat16
     assert q.get_original_weight().dtype == torch.bfloat16
+    assert "base weights nf4 (computed in bf16);" in built_line(built)
 
 
 def test_scaler_blocks_fill_the_scales():
