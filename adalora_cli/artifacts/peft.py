@@ -49,6 +49,7 @@ from ..engine.outputs import head_modules
 from ..methods.adalora import SVDLinear
 from ..methods.base import adapter_modules
 from ..methods.dora import DoRALinear
+from ..methods.eva import EVALinear
 from ..methods.gora import GoRALinear
 from ..methods.lora import LoRALinear
 from ..methods.pissa import PiSSALinear
@@ -284,9 +285,28 @@ def _gora_writer(run_dir: Path, cfg: RunConfig, summary: Summary,
         "alpha_pattern": {path: s * ranks[path] for path in order}}
 
 
+def _eva_writer(run_dir: Path, cfg: RunConfig, summary: Summary,
+                layers: Layers) -> tuple[Tensors, dict[str, Any]]:
+    """EVA (docs/maths.md#eva): LoRA at the ranks its pass chose, module m scaled by its own
+    ``s_m`` (alpha / r everywhere with eva.adjust_scaling_factors, else alpha / r_m); PEFT
+    scales by ``alpha_m / r_m``, so ``alpha_m = s_m r_m``. A module given rank 0 trained
+    nothing and PEFT takes no rank 0: it is left out of ``target_modules``, as PEFT's own
+    EVA removes it. The longest paths first, as :func:`_rank_entries` orders them."""
+    kept = [(path, layer) for path, layer in layers if layer.r > 0]
+    order = sorted((path for path, _ in kept), key=len, reverse=True)
+    ranks = {path: layer.r for path, layer in kept}
+    alphas = {path: layer.scaling * layer.r for path, layer in kept}
+    r = max(ranks.values())
+    return lora_tensors(kept), {
+        **_lora_entries(kept), "r": r, "lora_alpha": alphas[order[0]] * r / ranks[order[0]],
+        "target_modules": [path for path, _ in kept],
+        "rank_pattern": {path: ranks[path] for path in order},
+        "alpha_pattern": {path: alphas[path] for path in order}}
+
+
 WRITERS: dict[type[nn.Module], Writer] = {SVDLinear: _adalora_writer, LoRALinear: _lora_writer,
                                           DoRALinear: _dora_writer, PiSSALinear: _pissa_writer,
-                                          GoRALinear: _gora_writer}
+                                          GoRALinear: _gora_writer, EVALinear: _eva_writer}
 """Adapted-layer type -> its PEFT writer (the exact type: a DoRA layer is not written as
 LoRA). A run whose layers have no entry is refused, never written as something else."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from safetensors.torch import load_file
 
 from adalora_cli.methods.registry import method_spec
@@ -57,3 +58,50 @@ def test_more_pass_batches_than_the_data_holds_is_refused_before_the_run(tmp_pat
                    "--quiet")
     assert "eva.n_batches=9" in line and "only 8 batches of train.batch_size=8" in line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides", [
+    ("eva.r=2",),
+    # a module given rank 0, and each module scaled by alpha / r_m
+    ("eva.r=1", "eva.rho=6", "eva.adjust_scaling_factors=false"),
+])
+def test_the_peft_export_loads_in_peft_alone_with_the_runs_logits(smoke_runs, tmp_path,
+                                                                  overrides):
+    """An EVA run exports as a PEFT LoraConfig whose rank_pattern holds each module's rank
+    and alpha_pattern its scale (alpha_m = s_m r_m), a module at rank 0 left out of
+    target_modules: PEFT alone gives the run's logits. B is amplified 40 times first, so
+    one wrong rank or scale moves them far past 1e-5."""
+    import peft
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForSequenceClassification
+
+    from tests.artifacts.test_export_baselines import TINY_BERT, _batch, _export, _ours
+    from tests.conftest import copy_of
+
+    shared = smoke_runs(SMOKE, "method.name=eva", *overrides, "train.max_steps=4")
+    run = copy_of(shared, tmp_path / "run")
+    weights = run / "adapter_model.safetensors"
+    state = load_file(str(weights))
+    save_file({k: v * 40.0 if k.endswith(".B") else v for k, v in state.items()}, str(weights))
+    ranks = json.loads((run / "rank_pattern.json").read_text())
+    _export(run, "peft", tmp_path / "peft")
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    kept = {p: r for p, r in ranks.items() if r > 0}
+    assert config["rank_pattern"] == kept and sorted(config["target_modules"]) == sorted(kept)
+    adjust = "eva.adjust_scaling_factors=false" not in overrides
+    if adjust:  # s = alpha / r = 16 / 2 = 8 in every module
+        assert config["alpha_pattern"] == {p: 8.0 * r for p, r in kept.items()}
+    else:  # s_m = alpha / r_m: alpha_m = alpha = 16
+        assert 0 in ranks.values()  # the case this parameter is for
+        assert set(config["alpha_pattern"].values()) == {16.0}
+    batch = _batch()
+    ref = _ours(run, batch)
+    base = AutoModelForSequenceClassification.from_pretrained(TINY_BERT, num_labels=2)
+    model = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+    with torch.no_grad():
+        got = model(**batch).logits
+        with model.disable_adapter():
+            without = model(**batch).logits
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    assert (without - ref).abs().max() > 1e-2  # the adapter matters
