@@ -4,7 +4,9 @@ rsLoRA (Kalajdzievski, 2023) is the same layer scaled by ``alpha / sqrt(r)``
 (docs/maths.md#rslora; :func:`build_rslora`); LoRA+ (Hayou et al., 2024) is this layer with a
 faster learning rate for ``B`` (docs/maths.md#loraplus; the optimizer groups of
 :func:`loraplus_groups`, :func:`build_loraplus`). :func:`build_lora` builds LoRA and its
-ablations, which borrow AdaLoRA's machinery (``adalora.py``'s :func:`low_rank`).
+ablations, which borrow AdaLoRA's machinery (``adalora.py``'s :func:`low_rank`), and LoRA on
+a finished AdaLoRA run's final ranks (``lora.rank_pattern``; AutoLoRA's recipe,
+docs/maths.md#lora-on-adaloras-ranks; :func:`build_lora_on_ranks`).
 
 ``A`` starts Kaiming-uniform (the same rule ``nn.Linear`` uses for its weight) and ``B`` at
 zero, so ``Delta W = 0`` at step 0. Doublet ``i`` is ``(B[:, i], A[i, :])``; prune-LoRA (Table
