@@ -289,3 +289,67 @@ def test_the_export_loads_in_peft_alone_with_the_runs_logits(smoke_runs, tmp_pat
             without = model(**batch).logits
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     assert (without - ref).abs().max() > 1e-2  # the adapter matters
+
+
+@pytest.mark.e2e
+def test_two_processes_choose_the_ranks_of_one(smoke_runs, tmp_path):
+    """A GoRA run under DDP (two processes, each half of every batch) trains, and chooses
+    the ranks one process chooses (the sum itself is checked by the test after this)."""
+    import json
+
+    from tests.engine.test_distributed import adalora
+
+    one = smoke_runs("configs/smoke/glue.yaml", "method.name=gora", "train.max_steps=4")
+    two = tmp_path / "two"
+    proc = adalora("train", "configs/smoke/glue.yaml", "method.name=gora", "train.max_steps=4",
+                   "--nproc", "2", "--run-dir", str(two), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (json.loads((two / "rank_pattern.json").read_text())
+            == json.loads((one / "rank_pattern.json").read_text()))
+
+
+class _Partner:
+    """One of two processes' Collective: ``sum`` adds what the other process holds, layer
+    by layer in the pass's order (recorded from a first pass of that process)."""
+
+    def __init__(self, other: list[torch.Tensor] | None):
+        self.other, self.seen = other, []
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        self.seen.append(t.clone())
+        return t if self.other is None else t + self.other[len(self.seen) - 1]
+
+
+def test_two_processes_sum_their_halves_into_the_whole_batchs_gradient():
+    """Each of two processes runs the pass on its half of every batch, its loss weighted by
+    its share (1/2), as the engine weights it; summed across them, both choose exactly the
+    ranks and factors one process chooses on the whole batches."""
+    cfg = run_config("gora", gora={"r": 2, "alpha": 4.0, "r_min": 1, "r_max": 6,
+                                   "n_batches": 2})
+    data = [tiny_batch(seed) for seed in range(2)]  # 4 rows each
+    halves = [[{k: v[i * 2:(i + 1) * 2] for k, v in b.items()} for b in data] for i in (0, 1)]
+
+    def run(batches, share, collective):
+        model = tiny_bert()
+        handle = apply_method(model, cfg, total_steps=10)
+        cal = handle.calibration
+        cal.begin(model, collective)
+        for batch in batches:
+            (model(**batch).loss * share).backward()
+            cal.observe()
+        return cal.end(model), {p: (m.A.detach(), m.B.detach()) for p, m in handle.layers}
+
+    whole = run(data, 1.0, _Partner(None))
+    alone = [_Partner(None), _Partner(None)]
+    for half, rec in zip(halves, alone):
+        run(half, 0.5, rec)  # what each process holds before the sum
+    for i in (0, 1):
+        ranks, factors = run(halves[i], 0.5, _Partner(alone[1 - i].seen))
+        assert ranks == whole[0]
+        for p, (A, B) in factors.items():
+            torch.testing.assert_close(A, whole[1][p][0])
+            torch.testing.assert_close(B, whole[1][p][1], rtol=1e-4, atol=1e-7)
+    # a process alone (no sum) would not: its half's gradient gives another B
+    ranks, factors = run(halves[0], 0.5, _Partner(None))
+    assert any(not torch.allclose(factors[p][1], whole[1][p][1]) if ranks[p] == whole[0][p]
+               else True for p in factors)
