@@ -6,7 +6,7 @@ faster learning rate for ``B`` (docs/maths.md#loraplus; the optimizer groups of
 :func:`loraplus_groups`, :func:`build_loraplus`). :func:`build_lora` builds LoRA and its
 ablations, which borrow AdaLoRA's machinery (``adalora.py``'s :func:`low_rank`), and LoRA on
 a finished AdaLoRA run's final ranks (``lora.rank_pattern``; AutoLoRA's recipe,
-docs/maths.md#lora-on-adaloras-ranks; :func:`build_lora_on_ranks`).
+docs/maths.md#lora-on-adaloras-ranks; :func:`lora_on_ranks`).
 
 ``A`` starts Kaiming-uniform (the same rule ``nn.Linear`` uses for its weight) and ``B`` at
 zero, so ``Delta W = 0`` at step 0. Doublet ``i`` is ``(B[:, i], A[i, :])``; prune-LoRA (Table
@@ -84,13 +84,13 @@ class LoRALinear(LinearWrapper):
 def build_lora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:
     lo = cfg.lora
     if lo.rank_pattern is not None:
-        return build_lora_on_ranks(model, cfg)
+        return lora_on_ranks(model, cfg)
     return low_rank(model, cfg, total_steps, rank=lo.r, rank_key="lora.r", gamma=lo.gamma,
                     prune=lo.prune,
                     wrap=lambda lin: LoRALinear(lin, lo.r, lo.alpha, lo.dropout))
 
 
-def build_lora_on_ranks(model: nn.Module, cfg: RunConfig) -> MethodHandle:
+def lora_on_ranks(model: nn.Module, cfg: RunConfig) -> MethodHandle:
     """LoRA on a finished AdaLoRA run's final ranks (AutoLoRA's recipe;
     docs/maths.md#lora-on-adaloras-ranks): matrix m at rank r_m with scale alpha / r_m, as
     PEFT's ``rank_pattern`` scales it; a matrix AdaLoRA pruned whole gets no adapter. The
