@@ -71,6 +71,13 @@ def quiet_libraries() -> None:
     """Our progress bar and one-line errors only: silence the libraries' load reports,
     per-map progress bars and advisory warnings (real errors still raise)."""
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    import logging
+
+    # transformers imports torchao (the qlora extra) with its models whenever it is
+    # installed: torchao then reports each optional CUDA kernel it cannot load, and torch a
+    # deprecation in how torchao registers its enums; neither concerns a run
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     import datasets
     import transformers
 

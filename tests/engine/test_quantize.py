@@ -197,3 +197,20 @@ def test_exports_of_an_nf4_run_say_how_to_load_the_base(smoke_runs, tmp_path):
     with torch.no_grad():
         want, got = model.eval()(input_ids=ids).logits, merged.eval()(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------ torchao installed
+@pytest.mark.e2e
+def test_an_installed_torchao_says_nothing_to_a_run():
+    # transformers imports torchao with its models whenever it is installed, in every run,
+    # nf4 or not: what torchao and torch log then must not reach the run's output
+    import subprocess
+
+    code = ("from adalora_cli.cli.boundary import quiet_libraries; quiet_libraries(); "
+            "import transformers.modeling_utils, sys; "
+            "print('torchao' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"  # the case this guards: torchao did load
+    assert done.stderr == ""
