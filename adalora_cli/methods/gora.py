@@ -229,8 +229,9 @@ class GoRAPass:
 
     def summary(self) -> str:
         ranks = list(self._ranks.values())
+        where = f"from {self.seen} batches" if self.seen else "as the checkpoint holds them"
         return (f"GoRA: ranks {min(ranks)} to {max(ranks)} over {len(ranks)} matrices, "
-                f"{sum(ranks)} in all (mean rank {self.cfg.r}), from {self.seen} batches")
+                f"{sum(ranks)} in all (mean rank {self.cfg.r}), {where}")
 
 
 def build_gora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> MethodHandle:

@@ -353,3 +353,32 @@ def test_two_processes_sum_their_halves_into_the_whole_batchs_gradient():
     ranks, factors = run(halves[0], 0.5, _Partner(None))
     assert any(not torch.allclose(factors[p][1], whole[1][p][1]) if ranks[p] == whole[0][p]
                else True for p in factors)
+
+
+@pytest.mark.e2e
+def test_a_killed_run_resumes_at_its_ranks_to_the_uninterrupted_weights(tmp_path):
+    """Killed after step 6 (checkpoint at 4), the resumed run makes no new pass: it takes
+    its ranks from the checkpoint and ends on exactly the uninterrupted run's tensors."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from tests.engine.test_distributed import adalora
+
+    common = ("train", "configs/smoke/glue.yaml", "method.name=gora", "train.max_steps=12",
+              "train.save_every=4", "--quiet", "--run-dir")
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    first = adalora(*common, str(killed), env={"ADALORA_FAULT": "kill@step=6"})
+    assert first.returncode != 0 and not (killed / "summary.json").exists()
+    resumed = adalora("train", "--resume", str(killed))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    said = resumed.stdout + resumed.stderr
+    assert "GoRA gradient pass" not in said and "as the checkpoint holds them" in said
+    assert adalora(*common, str(whole)).returncode == 0
+    assert ((killed / "rank_pattern.json").read_text()
+            == (whole / "rank_pattern.json").read_text())
+    assert len(set(json.loads((whole / "rank_pattern.json").read_text()).values())) > 1
+    got, want = (load_file(run / "adapter_model.safetensors") for run in (killed, whole))
+    assert sorted(got) == sorted(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
