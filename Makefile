@@ -99,8 +99,11 @@ bench: install         ## step times, LLM tokens/s, time to result (a run, a --j
 	  done; \
 	  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/llm_tokens.py --device cuda \
 	    --precision bf16 || exit 1; \
+	  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/nf4_base.py --device cuda \
+	    || exit 1; \
 	else \
 	  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/llm_tokens.py || exit 1; \
+	  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/nf4_base.py || exit 1; \
 	fi
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/ddp_step.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/time_to_result.py $(BENCH_ARGS)
