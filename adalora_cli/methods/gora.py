@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import GoRAConfig, RunConfig
+from ..config import ConfigError, GoRAConfig, RunConfig
 from .base import MethodHandle, is_transposed
 from .building import check_rank, fixed_rank
 from .inject import replace_linears, resolve_targets
@@ -240,6 +240,10 @@ def build_gora(model: nn.Module, cfg: RunConfig, total_steps: int | None) -> Met
     which reads no data, counts that uniform rank, the budget GoRA spends before
     rounding and clipping."""
     go = cfg.gora
+    if cfg.model.quantize != "none":  # a 4-bit weight takes no gradient: its G would be 0
+        raise ConfigError(f"gora reads the gradients of the frozen weights, which a "
+                          f"model.quantize={cfg.model.quantize} base does not give; train "
+                          "GoRA on an unquantized base (model.quantize=none)")
     paths = resolve_targets(model, cfg.method.target_modules)
     check_rank(model, paths, go.r, "gora.r")
     layers = replace_linears(model, paths, lambda lin: GoRALinear(

@@ -159,6 +159,15 @@ def test_bad_bounds_are_one_line(values, message):
     assert str(info.value) == message
 
 
+def test_a_4_bit_base_is_refused_in_one_line():
+    # an NF4 weight takes no gradient, so its matrix would score 0 and sit at r_min
+    with pytest.raises(ConfigError) as info:
+        apply_method(tiny_bert(), run_config("gora", model={"quantize": "nf4"}), None)
+    assert str(info.value) == (
+        "gora reads the gradients of the frozen weights, which a model.quantize=nf4 base "
+        "does not give; train GoRA on an unquantized base (model.quantize=none)")
+
+
 def test_the_paper_defaults():
     cfg = GoRAConfig()
     assert (cfg.r, cfg.bounds(), cfg.n_batches, cfg.alpha) == (8, (4, 32), 64, 16.0)
