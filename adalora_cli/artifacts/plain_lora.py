@@ -34,6 +34,7 @@ from ..engine.outputs import head_modules
 from ..methods.adalora import SVDLinear
 from ..methods.base import adapter_modules
 from ..methods.dora import DoRALinear
+from ..methods.eva import EVALinear
 from ..methods.gora import GoRALinear
 from ..methods.increlora import IncreLoRALinear
 from ..methods.lora import LoRALinear
@@ -53,6 +54,9 @@ FOLDS: dict[type[nn.Module], Callable[[Any], Factors]] = {
     LoRALinear: lambda m: (m.B * m.scaling, m.A),
     # GoRA: alpha / r with the mean rank r, whatever the module's own rank
     GoRALinear: lambda m: (m.B * m.scaling, m.A),
+    # EVA: its layer's scaling (alpha / r, or alpha / r_m without adjust_scaling_factors);
+    # a module its pass gave rank 0 has no column to keep and is left out
+    EVALinear: lambda m: (m.B * m.scaling, m.A),
     # (alpha / r_max) B diag(g) A
     SoRALinear: lambda m: (m.B * (m.gate * m.scaling), m.A),
     # (alpha / rank) P diag(lam) Q, with the reserve triplets' small lam the forward uses too

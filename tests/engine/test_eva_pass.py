@@ -60,17 +60,19 @@ def test_more_pass_batches_than_the_data_holds_is_refused_before_the_run(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("fmt", ["peft", "lora"])
 @pytest.mark.parametrize("overrides", [
     ("eva.r=2",),
     # a module given rank 0, and each module scaled by alpha / r_m
     ("eva.r=1", "eva.rho=6", "eva.adjust_scaling_factors=false"),
 ])
-def test_the_peft_export_loads_in_peft_alone_with_the_runs_logits(smoke_runs, tmp_path,
-                                                                  overrides):
+def test_the_export_loads_in_peft_alone_with_the_runs_logits(smoke_runs, tmp_path,
+                                                             overrides, fmt):
     """An EVA run exports as a PEFT LoraConfig whose rank_pattern holds each module's rank
-    and alpha_pattern its scale (alpha_m = s_m r_m), a module at rank 0 left out of
-    target_modules: PEFT alone gives the run's logits. B is amplified 40 times first, so
-    one wrong rank or scale moves them far past 1e-5."""
+    and alpha_pattern its scale (``--format peft``: alpha_m = s_m r_m; ``--format lora``:
+    the scale folded into B, alpha_m = r_m), a module at rank 0 left out of target_modules:
+    PEFT alone gives the run's logits. B is amplified 40 times first, so one wrong rank or
+    scale moves them far past 1e-5."""
     import peft
     import torch
     from safetensors.torch import save_file
@@ -85,20 +87,23 @@ def test_the_peft_export_loads_in_peft_alone_with_the_runs_logits(smoke_runs, tm
     state = load_file(str(weights))
     save_file({k: v * 40.0 if k.endswith(".B") else v for k, v in state.items()}, str(weights))
     ranks = json.loads((run / "rank_pattern.json").read_text())
-    _export(run, "peft", tmp_path / "peft")
-    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    _export(run, fmt, tmp_path / fmt)
+    config = json.loads((tmp_path / fmt / "adapter_config.json").read_text())
     kept = {p: r for p, r in ranks.items() if r > 0}
     assert config["rank_pattern"] == kept and sorted(config["target_modules"]) == sorted(kept)
     adjust = "eva.adjust_scaling_factors=false" not in overrides
-    if adjust:  # s = alpha / r = 16 / 2 = 8 in every module
+    if not adjust:
+        assert 0 in ranks.values()  # the case this parameter is for
+    if fmt == "lora":  # the scale is in B: 1 in every module
+        assert config["alpha_pattern"] == kept
+    elif adjust:  # s = alpha / r = 16 / 2 = 8 in every module
         assert config["alpha_pattern"] == {p: 8.0 * r for p, r in kept.items()}
     else:  # s_m = alpha / r_m: alpha_m = alpha = 16
-        assert 0 in ranks.values()  # the case this parameter is for
         assert set(config["alpha_pattern"].values()) == {16.0}
     batch = _batch()
     ref = _ours(run, batch)
     base = AutoModelForSequenceClassification.from_pretrained(TINY_BERT, num_labels=2)
-    model = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+    model = peft.PeftModel.from_pretrained(base, tmp_path / fmt).eval()
     with torch.no_grad():
         got = model(**batch).logits
         with model.disable_adapter():
