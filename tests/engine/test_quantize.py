@@ -63,6 +63,20 @@ def test_lora_and_dora_on_an_nf4_base_train(smoke_runs, method):
     assert all(t.abs().max() > 0 for t in b)  # every B left its zero start: they trained
 
 
+@pytest.mark.parametrize("method", ["houlsby", "pfeiffer", "rslora", "pissa", "loraplus",
+                                    "sora", "increlora"])
+def test_every_other_method_with_a_frozen_base_trains_on_nf4(smoke_runs, method):
+    # the GLUE smoke config (tiny BERT: its 32 x 32 matrices in NF4, the 37-wide FFN's
+    # 1,184 values in fp32) trains every method; PiSSA's residual W - B0 A0 becomes NF4
+    run = smoke_runs("configs/smoke/glue.yaml", NF4, f"method.name={method}")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["precision"]["base_quant"] == "nf4"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [row["loss"] for row in rows if "loss" in row and "split" not in row]
+    assert rows[-1]["split"] == "validation" and 0 <= rows[-1]["accuracy"] <= 1
+    assert len(losses) >= 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
 def _built(*overrides: str):
     cfg = load_config(ROOT / SMOKE_LM, [NF4, *overrides])
     return build_run(cfg)
