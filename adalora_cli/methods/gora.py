@@ -140,20 +140,14 @@ def plan(weights: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
 
 
 class GoRALinear(LoRALinear):
-    """LoRA at the rank GoRA gave this matrix, scaled by ``alpha / r`` with the mean rank,
-    starting from the given ``A`` and ``B`` (a uniform rank and LoRA's start without them)."""
+    """LoRA scaled by ``alpha / r`` with the mean rank r, whatever its own rank: built at
+    ``rank`` with LoRA's start, then :meth:`reset` to the rank and factors of the pass."""
 
     def __init__(self, base: nn.Module, rank: int, mean_rank: int, alpha: float,
-                 dropout: float = 0.0, A: torch.Tensor | None = None,
-                 B: torch.Tensor | None = None):
+                 dropout: float = 0.0):
         super().__init__(base, rank, alpha, dropout)
         self.mean_rank = mean_rank
         self.scaling = alpha / mean_rank  # the same s in every matrix, whatever its rank
-        with torch.no_grad():
-            if A is not None:
-                self.A.copy_(A)
-            if B is not None:
-                self.B.copy_(B)
 
     def reset(self, rank: int, A: torch.Tensor, B: torch.Tensor) -> None:
         """This matrix at ``rank``, starting from ``A`` ``(rank, d_in)`` and ``B``
