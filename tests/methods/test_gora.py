@@ -391,3 +391,12 @@ def test_a_killed_run_resumes_at_its_ranks_to_the_uninterrupted_weights(tmp_path
     assert sorted(got) == sorted(want)
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
+
+
+def test_fsdp_is_refused_in_one_line(in_repo):
+    from adalora_cli.engine.sharding import check
+    from tests.engine.test_sharding import CPU, TWO, _cfg, _ran
+
+    cfg = _cfg("method.name=gora")
+    with pytest.raises(ConfigError, match="^method.name=gora does not run sharded yet"):
+        check(cfg, TWO, _ran(cfg, CPU, torch.bfloat16))
