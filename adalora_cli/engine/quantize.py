@@ -74,6 +74,13 @@ def check(cfg: RunConfig, trains_base: bool, path: str) -> None:
                           f"{cfg.method.name} trains the base weights themselves; use a "
                           "method that keeps the base frozen (adalora, lora, ...) or "
                           "model.quantize=none")
+    if cfg.train.sharding != "none":
+        # torchao shards an NF4 tensor's codes, scales and factors along with its rows, so
+        # each must split evenly across the processes; untried here beyond a tiny model
+        # whose single scale block does not (it failed at the first step)
+        raise ConfigError("model.quantize=nf4 does not run with train.sharding=fsdp yet; "
+                          "set train.sharding=none (--nproc without sharding trains on an "
+                          "NF4 base) or model.quantize=none")
     if gguf.is_gguf(path):
         types = gguf.tensor_types(path)
         quantized = sorted(name for code, name in types.items() if code not in UNQUANTIZED_GGUF)

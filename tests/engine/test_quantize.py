@@ -159,6 +159,15 @@ def test_a_method_that_trains_the_base_is_refused(tmp_path, method):
     assert not (tmp_path / "run").exists()
 
 
+def test_nf4_with_fsdp_is_refused_before_the_model_loads():
+    # (the build checks it before loading, beside sharding's own checks, which need the
+    # processes of a real --nproc launch to get this far)
+    cfg = load_config(ROOT / SMOKE_LM, [NF4, "train.sharding=fsdp"])
+    with pytest.raises(ConfigError, match="model.quantize=nf4 does not run with "
+                       r"train.sharding=fsdp yet; set train.sharding=none"):
+        quantize.check(cfg, False, str(ROOT / "tests/fixtures/tiny-llama"))
+
+
 def test_a_gguf_base_already_quantized_is_refused(tmp_path, tiny_gguf):
     line = refused("train", SMOKE_LM, NF4, f"model.name_or_path={tiny_gguf}", "--run-dir",
                    str(tmp_path / "run"), "--quiet")
