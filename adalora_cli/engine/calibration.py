@@ -24,6 +24,7 @@ A resumed run does not pass again: its ranks are the shapes its checkpoint holds
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -147,15 +148,17 @@ def _order(built: Built, w: World) -> DataLoader:
 
 
 def calibrate(built: Built, w: World, quiet: bool,
-              latest_tensors: dict[str, torch.Tensor] | None = None) -> None:
+              latest_tensors: dict[str, torch.Tensor] | None = None) -> float:
     """Run the method's pass (if it has one) on ``built.model``, already on its device, and
     settle the handle: the adapted modules at their chosen ranks, their parameters the ones
     the optimizer will train. ``latest_tensors``: a resumed run's checkpoint, whose shapes
-    give the ranks instead of a new pass."""
+    give the ranks instead of a new pass. Returns the seconds the pass took (0 without
+    one), which the run counts in its training time."""
     handle = built.handle
     cal = handle.calibration
     if cal is None:
-        return
+        return 0.0
+    began = time.perf_counter()
     if latest_tensors is not None:
         ranks = cal.restore({k: v.shape for k, v in latest_tensors.items()})
     else:
@@ -163,6 +166,7 @@ def calibrate(built: Built, w: World, quiet: bool,
     settle(handle, ranks, built.device)
     if not quiet:
         print(cal.summary(), flush=True)
+    return time.perf_counter() - began
 
 
 def _run(cal: CalibrationPass, built: Built, w: World, quiet: bool) -> dict[str, int]:

@@ -406,10 +406,11 @@ def setup(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
     else:
         model.to(device)
     # a method's pass before training (EVA) sets its ranks here, on the device, before the
-    # optimizer sees the parameters; a resumed run takes them from its checkpoint
-    calibrate(built, w, quiet or not w.main,
-              ckpt.load_checkpoint(latest)[0] if latest is not None
-              and built.handle.calibration is not None else None)
+    # optimizer sees the parameters; a resumed run takes them from its checkpoint. Its time
+    # is the run's: the method spent it to train
+    passed = calibrate(built, w, quiet or not w.main,
+                       ckpt.load_checkpoint(latest)[0] if latest is not None
+                       and built.handle.calibration is not None else None)
     model.train()
     if w.distributed and not sharded:  # DDP: gradients all-reduced (averaged) in backward;
         # eval uses ``built.model``
@@ -435,7 +436,8 @@ def setup(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,
            else ckpt.Position())
     dataset = data_record(data.train, data.eval_splits) if w.main else {}
     return LoopState(built, run, stop, w, quiet, latest, model, stepper, generator, batches,
-                     loader, selection, pos, dataset, sharded, start=time.perf_counter())
+                     loader, selection, pos, dataset, sharded,
+                     start=time.perf_counter() - passed)
 
 
 def _loop(built: Built, run: RunDir | Silent, stop: StopSignals, quiet: bool,

@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import load_file
 
 from adalora_cli.methods.registry import method_spec
-from tests.test_bad_inputs import SMOKE, SMOKE_LM, refused
+from tests.test_bad_inputs import SMOKE, SMOKE_LM, cli, refused
 
 EVA = ("method.name=eva", "eva.r=2")
 
@@ -110,3 +110,26 @@ def test_the_export_loads_in_peft_alone_with_the_runs_logits(smoke_runs, tmp_pat
             without = model(**batch).logits
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     assert (without - ref).abs().max() > 1e-2  # the adapter matters
+
+
+def test_the_pass_counts_in_the_runs_training_time(tmp_path, monkeypatch):
+    """The method spent its pass to train: a clock the pass moves 1,000 s on shows in the
+    run's train_seconds (no real time is measured)."""
+    import time
+
+    from adalora_cli.methods.eva import EVAPass
+
+    real, offset = time.perf_counter, [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
+    end = EVAPass.end
+
+    def slow_end(self, model):
+        offset[0] += 1000.0
+        return end(self, model)
+
+    monkeypatch.setattr(EVAPass, "end", slow_end)
+    result, _ = cli("train", SMOKE, *EVA, "train.max_steps=2", "--run-dir", tmp_path / "run",
+                    "--quiet")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert 1000 <= summary["train_seconds"] < 2000
