@@ -237,3 +237,18 @@ def test_an_installed_torchao_says_nothing_to_a_run():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "True"  # the case this guards: torchao did load
     assert done.stderr == ""
+
+
+# ------------------------------------------------------------------ resume
+@pytest.mark.e2e
+def test_an_nf4_run_killed_mid_pruning_resumes_to_the_same_run(smoke_runs, in_repo, tmp_path):
+    # the rebuilt base is quantized again from the same checkpoint: the same NF4 weights,
+    # so the resumed run ends byte-identical to the one never stopped
+    from .conftest import forked, same_outputs
+
+    baseline = smoke_runs(SMOKE_LM, NF4, "train.save_every=3")
+    out = tmp_path / "run"
+    args = ["train", SMOKE_LM, NF4, "train.save_every=3", "--run-dir", str(out), "--quiet"]
+    assert forked(args, "kill@step=7") == -9  # between mask events (t_init 4, delta_t 2)
+    assert forked(["train", "--resume", str(out), "--quiet"]) == 0
+    assert same_outputs(out, baseline) == []
