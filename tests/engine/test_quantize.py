@@ -252,3 +252,17 @@ def test_an_nf4_run_killed_mid_pruning_resumes_to_the_same_run(smoke_runs, in_re
     assert forked(args, "kill@step=7") == -9  # between mask events (t_init 4, delta_t 2)
     assert forked(["train", "--resume", str(out), "--quiet"]) == 0
     assert same_outputs(out, baseline) == []
+
+
+@pytest.mark.e2e
+def test_two_processes_train_on_an_nf4_base(smoke_runs, in_repo, tmp_path):
+    # DDP broadcasts rank 0's parameters at the start, the frozen NF4 ones among them
+    from .conftest import forked_ranks
+
+    smoke_runs(SMOKE_LM, NF4)  # trained here first: the forked ranks skip the first-use costs
+    out = tmp_path / "run"
+    assert forked_ranks(["train", SMOKE_LM, NF4, "--run-dir", str(out), "--quiet"]) == [0, 0]
+    summary = json.loads((out / "summary.json").read_text())
+    pattern = json.loads((out / "rank_pattern.json").read_text())
+    assert summary["precision"]["base_quant"] == "nf4"
+    assert sum(pattern.values()) == summary["final_budget"] == 28
