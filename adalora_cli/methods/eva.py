@@ -149,7 +149,7 @@ class EVAPass:
         self.ranks = dict(self.k)  # while no redistribution yet: every kept component
         self.active: dict[str, bool] = {}
         self.rows: dict[str, list[torch.Tensor]] = {}
-        self.mask: torch.Tensor | None = None
+        self.masks: list[torch.Tensor] = []
         self.batches = 0
         self.hooks: list = []
         self.collective = None
@@ -167,22 +167,35 @@ class EVAPass:
             if self.batches > 0 and (self.owner[path] != path or not self.active[path]):
                 return  # it shares another layer's fit, or its fit converged
             x = args[0]
-            mask = self.mask
-            if mask is not None and x.shape[:-1] == mask.shape:
+            # the first mask of the input's shape: the encoder's (or a decoder-only
+            # model's) tokens, else an encoder-decoder's decoder positions
+            mask = next((m for m in self.masks if x.shape[:-1] == m.shape), None)
+            if mask is not None:
                 x = x[mask]
             self.rows[path].append(x.reshape(-1, x.shape[-1]).detach().float())
         return hook
 
     def inputs(self, batch: dict[str, torch.Tensor]) -> None:
+        """The tokens whose rows the SVD sees: those the attention mask keeps and, for a
+        causal LM, whose labels are not ignored (-100: the prompt, with
+        eva.use_label_mask); in an encoder-decoder's decoder, the positions the decoder
+        mask keeps, or whose labels are not ignored."""
         ids = batch.get("input_ids")
         mask = batch.get("attention_mask")
         mask = (mask.bool() if mask is not None
                 else torch.ones_like(ids, dtype=torch.bool) if ids is not None else None)
         labels = batch.get("labels")
-        if (mask is not None and self.ev.use_label_mask and labels is not None
+        tokens = labels is not None and labels.ndim == 2  # per-token labels
+        if (mask is not None and self.ev.use_label_mask and tokens
                 and labels.shape == mask.shape):  # a causal LM's: its ignored prompt tokens
             mask = mask & (labels != -100)
-        self.mask = mask
+        masks = [mask] if mask is not None else []
+        decoder = batch.get("decoder_attention_mask")
+        if decoder is not None:
+            masks.append(decoder.bool())
+        elif tokens and (mask is None or labels.shape != mask.shape):
+            masks.append(labels != -100)  # the decoder's positions that predict a token
+        self.masks = masks
 
     def observe(self) -> bool:
         rows = {}

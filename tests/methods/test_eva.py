@@ -167,3 +167,30 @@ def test_a_resumed_run_takes_its_ranks_from_its_checkpoint_not_a_new_pass():
     rebuilt.load_state_dict(saved, strict=False)  # shapes fit: no size mismatch
     for path, layer in handle.layers:
         torch.testing.assert_close(layer.A, mine[path], atol=0, rtol=0)
+
+
+def test_the_svd_sees_only_the_tokens_that_count():
+    """Padding never enters the SVD; a causal LM's ignored labels (its prompt) do not
+    either with eva.use_label_mask; an encoder-decoder's decoder rows are the positions
+    whose labels count, its encoder rows those its attention mask keeps."""
+    cfg = run_config("eva", eva={"r": 1}, method={"target_modules": ["query"]})
+    model = tiny_bert()
+    cal = apply_method(model, cfg, total_steps=10).calibration
+    cal.begin(model, Collective(World()))
+    hook = cal._hook("bert.encoder.layer.0.attention.self.query")
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    x = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3)
+    rows = cal.rows["bert.encoder.layer.0.attention.self.query"]
+    lm_labels = torch.tensor([[-100, 5, 6, -100], [-100, 7, -100, -100]])
+    cal.inputs({"input_ids": mask, "attention_mask": mask, "labels": lm_labels})
+    hook(None, (x,), None)
+    torch.testing.assert_close(rows.pop(), torch.stack([x[0, 1], x[0, 2], x[1, 1]]))
+    cal.inputs({"input_ids": mask, "attention_mask": mask, "labels": torch.tensor([0, 1])})
+    hook(None, (x,), None)  # a classifier's labels: every real token
+    assert rows.pop().shape == (5, 3)
+    seq2seq = torch.tensor([[4, -100], [5, 6]])  # the decoder's 2 positions
+    cal.inputs({"input_ids": mask, "attention_mask": mask, "labels": seq2seq})
+    hook(None, (x,), None)  # an encoder layer: the attention mask
+    assert rows.pop().shape == (5, 3)
+    hook(None, (x[:, :2],), None)  # a decoder layer: the labels that count
+    torch.testing.assert_close(rows.pop(), torch.stack([x[0, 0], x[1, 0], x[1, 1]]))
