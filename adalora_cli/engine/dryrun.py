@@ -18,6 +18,7 @@ from ..methods import apply_method, parameter_table
 from ..methods.budget_params import budget_info
 from ..methods.registry import check_method
 from ..tasks import get_task
+from . import quantize
 from .build import load_model, resolve_resources
 from .weightless import weightless_loading
 
@@ -73,7 +74,8 @@ def dry_run(cfg: RunConfig) -> DryRun:
     """Build model and method on the meta device, train nothing; the per-module table plus
     the totals. Only ``config.json`` is read, so a 7B-shaped config takes seconds."""
     cfg = resolve_resources(cfg)
-    check_method(cfg)
+    spec = check_method(cfg)
+    quantize.check(cfg, spec.trains_base, cfg.model.name_or_path)  # refused as a run is
     with weightless_loading():
         model, _ = load_model(get_task(cfg), cfg, torch.float32)
         handle = apply_method(model, cfg, None)

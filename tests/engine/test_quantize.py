@@ -157,6 +157,7 @@ def test_a_method_that_trains_the_base_is_refused(tmp_path, method):
     assert f"method {method} trains the base weights" in line
     assert "model.quantize=none" in line
     assert not (tmp_path / "run").exists()
+    assert refused("train", SMOKE_LM, NF4, f"method.name={method}", "--dry-run") == line
 
 
 def test_nf4_with_fsdp_is_refused_before_the_model_loads():
