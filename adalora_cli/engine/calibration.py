@@ -16,6 +16,9 @@ autocast, each global batch split as ``train.length_split`` splits it. Under DDP
 sees its slice of each batch; :class:`Collective` is how a method reduces its statistics
 across processes (``sum``: an all-reduce; ``cat``: every process's rows, in rank order), so
 that every process chooses the same ranks. On one process both return their input.
+A process whose share of a short last batch is a stand-in example (weight 0,
+``distributed.shard``) runs no forward of it in a forward-only pass; a method still makes
+the same reductions on every process, with no rows of its own where it saw none.
 
 A resumed run does not pass again: its ranks are the shapes its checkpoint holds
 (:meth:`CalibrationPass.restore`), and the checkpoint's tensors are loaded into them.
@@ -188,6 +191,8 @@ def _run(cal: CalibrationPass, built: Built, w: World, quiet: bool) -> dict[str,
                     break
                 weight = loader.batch_sampler.weight
                 for batch, share in pieces:
+                    if weight == 0 and not cal.needs_grad:
+                        break  # a stand-in example (distributed.shard): nothing to see
                     batch = {key: v.to(device) for key, v in batch.items()}
                     cal.inputs(batch)
                     if cal.needs_grad:

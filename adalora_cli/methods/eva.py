@@ -153,6 +153,7 @@ class EVAPass:
         self.batches = 0
         self.hooks: list = []
         self.collective = None
+        self.restored = False
 
     # ---------------------------------------------------------------- engine side
 
@@ -198,16 +199,25 @@ class EVAPass:
         self.masks = masks
 
     def observe(self) -> bool:
+        # every process gathers the same layers' rows, in the same order, whether or not
+        # it ran a forward of its own (a process with no share of a short last batch)
+        layers = dict(self.layers)
+        wanted = ([path for path, _ in self.layers] if self.batches == 0 else
+                  [o for o in self.fits if self.active[o]])
         rows = {}
-        for path, pieces in self.rows.items():
-            if pieces:
-                rows[path] = self.collective.cat(torch.cat(pieces))
+        for path in wanted:
+            pieces = self.rows[path]
+            like = layers[path].A
+            local = (torch.cat(pieces) if pieces else
+                     like.new_zeros((0, linear_dims(layers[path].base)[1])))
+            rows[path] = self.collective.cat(local)
+        for path in self.rows:
             self.rows[path] = []
         if self.batches == 0:
             self._share(rows)
         self.batches += 1
         for owner, fit in self.fits.items():
-            if self.active[owner] and owner in rows:
+            if self.active[owner]:
                 fit.update(rows[owner], self.ev.tau)
         if all(fit.fitted for fit in self.fits.values()):
             self.ranks = self._distribute()
@@ -245,12 +255,12 @@ class EVAPass:
                                  "another model or method")
             layer.set_rank(int(shape[0]))
         self.ranks = {path: layer.r for path, layer in self.layers}
-        self.unconverged = None
+        self.restored = True
         return dict(self.ranks)
 
     def summary(self) -> str:
         ranks = list(self.ranks.values())
-        if getattr(self, "unconverged", 0) is None:
+        if self.restored:
             return (f"EVA: ranks {min(ranks)} to {max(ranks)} (total {sum(ranks)}) as the "
                     "checkpoint holds them")
         left = sum(self.active.values())

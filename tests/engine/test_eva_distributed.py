@@ -17,19 +17,26 @@ from .conftest import SMOKE, forked, forked_ranks
 from .test_sharding import CPU, TWO, _cfg, _ran
 
 
-def eva_args(model, out, *extra: str) -> list[str]:
+def eva_args(model, out, batch: int, *extra: str) -> list[str]:
     # max_steps=1: the pass's A is barely moved by the one step both runs take
     return ["train", SMOKE, f"model.name_or_path={model}", "method.name=eva", "eva.r=2",
-            "train.batch_size=16", "train.max_steps=1", *extra, "--run-dir", str(out),
+            f"train.batch_size={batch}", "train.max_steps=1", *extra, "--run-dir", str(out),
             "--quiet"]
 
 
 @pytest.mark.e2e
-def test_two_processes_choose_the_ranks_and_A_one_process_does(no_dropout, in_repo, warm,
-                                                               tmp_path):
+@pytest.mark.parametrize("nproc, batch", [
+    (2, 16),
+    # 64 rows in batches of 3: the last holds 1, and the other processes' shares of it are
+    # stand-in examples of weight 0, which the pass must not see (nor hang on)
+    (3, 3),
+])
+def test_several_processes_choose_the_ranks_and_A_one_process_does(no_dropout, in_repo, warm,
+                                                                   tmp_path, nproc, batch):
     one, two = tmp_path / "one", tmp_path / "two"
-    assert forked(eva_args(no_dropout, one)) == 0
-    assert forked_ranks(eva_args(no_dropout, two)) == [0, 0]
+    # tau = 1: no fit converges, so the pass reads every batch of the epoch, the last too
+    assert forked(eva_args(no_dropout, one, batch, "eva.tau=1")) == 0
+    assert forked_ranks(eva_args(no_dropout, two, batch, "eva.tau=1"), nproc) == [0] * nproc
     pattern = json.loads((one / "rank_pattern.json").read_text())
     assert json.loads((two / "rank_pattern.json").read_text()) == pattern
     assert len(set(pattern.values())) > 1  # a real redistribution, made twice alike
