@@ -43,6 +43,23 @@ def check_config(cfg: RunConfig, what: str) -> Any:
     return task_manager(cfg.eval.harness)
 
 
+def base_as_trained(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
+    """The base model as the run trained on it: a copy with its linears in NF4 for a
+    ``model.quantize=nf4`` run (the method is applied to the unquantized base first, as the
+    run's build applies it), else the model itself."""
+    if cfg.model.quantize == "none":
+        return model
+    import copy
+
+    from ..engine.quantize import quantize_base
+
+    quantized = copy.deepcopy(model)
+    for p in quantized.parameters():
+        p.requires_grad_(False)  # the whole base is frozen: every backbone linear is NF4
+    quantize_base(quantized)
+    return quantized
+
+
 def score_run(run_dir: str | Path, tasks: list[str] | None = None, *,
               limit: int | None = None, base: bool = False,
               chat_template: bool | None = None, quiet: bool = False) -> dict[str, Any]:
@@ -82,7 +99,7 @@ def score_run(run_dir: str | Path, tasks: list[str] | None = None, *,
         model, tokenizer, _ = load_base(run_dir, scoring.base_dtype)
         if base:
             rng = torch.random.get_rng_state()  # lm-eval seeds torch: the method's init
-            results["base"] = run(model, tokenizer, "base")
+            results["base"] = run(base_as_trained(model, cfg), tokenizer, "base")
             torch.random.set_rng_state(rng)  # draws as load_run's would
             model.cpu()
         if not whole:

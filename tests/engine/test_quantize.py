@@ -267,3 +267,26 @@ def test_two_processes_train_on_an_nf4_base(smoke_runs, in_repo, tmp_path):
     pattern = json.loads((out / "rank_pattern.json").read_text())
     assert summary["precision"]["base_quant"] == "nf4"
     assert sum(pattern.values()) == summary["final_budget"] == 28
+
+
+# ------------------------------------------------------------------ lm-evaluation-harness
+def test_the_harness_scores_an_nf4_runs_base_in_nf4(smoke_runs, in_repo, tmp_path):
+    # method none: the adapted model is the base itself, rebuilt in NF4 as the run had it,
+    # so the base scored first must answer exactly as it does (an fp32 base answers one of
+    # these 8 chats otherwise)
+    chat = "configs/smoke/bbc_topic_chat.yaml"
+    run = copy_of(smoke_runs(chat, "task.max_new_tokens=8", "method.name=none", NF4),
+                  tmp_path / "run")
+    result = CliRunner().invoke(app, ["eval", str(run), "--harness", "bbc_topic_chat",
+                                      "--limit", "8", "--base", "--quiet"])
+    assert result.exit_code == 0, result.output
+
+    def replies(which: str) -> list[str]:
+        path = run / "harness" / f"{which}-bbc_topic_chat.jsonl"
+        return [json.loads(line)["response"] for line in path.read_text().splitlines()]
+
+    predictions = [json.loads(line)["prediction"]
+                   for line in (run / "predictions.jsonl").read_text().splitlines()]
+    assert len(replies("base")) == 8
+    assert replies("base") == replies("adapted")
+    assert [r.strip() for r in replies("adapted")][5] == predictions[5]
