@@ -148,7 +148,8 @@ class Summary:
     """AdaLoRA: b(T) / n, the mean final rank of an adapted matrix."""
     precision: dict[str, Any] = field(default_factory=dict)
     """What ran: ``autocast`` (fp32/bf16/fp16), the frozen base's ``base_dtype``,
-    ``loss_scaling`` and ``skipped_steps`` (steps the fp16 loss scaler skipped)."""
+    ``loss_scaling`` and ``skipped_steps`` (steps the fp16 loss scaler skipped);
+    ``base_quant`` (nf4) when the base's linears were 4-bit (``model.quantize``)."""
     selected: dict[str, Any] | None = None
     """With ``train.select=best``: the step whose weights and scores the run ends with
     (``step``, ``split``, ``metric``, ``value``; ``from``: ``best`` for an evaluation before
