@@ -225,7 +225,8 @@ class MethodConfig:
     name: str = "adalora"
     """Fine-tuning method: a name in ``adalora_cli.methods.registry.METHODS`` (adalora, lora,
     houlsby, pfeiffer, bitfit, full, today's baselines rslora, dora, pissa, loraplus, sora,
-    increlora, or none: no training, the model evaluated as loaded). Checked there, since
+    increlora, the ranks-at-start methods eva and gora, or none: no training, the model
+    evaluated as loaded). Checked there, since
     config sits below the methods (like task.name, which the task registry checks)."""
     target_modules: list[str] | None = None
     """Linear modules to adapt, matched as a suffix of the module path; None = the
