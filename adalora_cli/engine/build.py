@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import random
 import re
 import sys
@@ -25,12 +26,11 @@ from ..config import ConfigError, RunConfig
 from ..errors import first_line
 from ..methods import apply_method
 from ..methods.base import MethodHandle
-from ..methods.registry import check_method
+from ..methods.registry import check_method, config_value
 from ..tasks import get_task, gguf
 from ..tasks.base import Task, TaskData
 from ..tasks.pretrained import LOAD_ERRORS, load_failed
 from . import quantize, selection, sharding
-from .calibration import check_batches
 from .distributed import World
 from .precision import Precision, decide
 from .schedule import total_steps
@@ -269,6 +269,20 @@ def run_device(cfg: RunConfig, w: World | None = None) -> torch.device:
         device = torch.device("cuda", w.local_rank)
         torch.cuda.set_device(device)
     return device
+
+
+def check_batches(cfg: RunConfig, key: str | None, n_train: int) -> None:
+    """The pass's batch count (config ``key``) within one epoch of the training data, or a
+    one-line ConfigError naming both numbers and the fix."""
+    if key is None:
+        return
+    n = config_value(cfg, key)
+    have = math.ceil(n_train / cfg.train.batch_size)
+    if n is not None and n > have:
+        raise ConfigError(
+            f"{key}={n} but the training split holds only {have} batches of "
+            f"train.batch_size={cfg.train.batch_size} ({n_train} examples); lower {key} to "
+            f"at most {have} (or leave it unset: up to one epoch)")
 
 
 def build_run(cfg: RunConfig, w: World | None = None,

@@ -7,7 +7,7 @@ A method asks for a pass by putting a :class:`CalibrationPass` on its
 :class:`~adalora_cli.methods.base.MethodHandle` (``handle.calibration``) and by naming, in its
 registry entry, the config key that says how many batches the pass reads
 (``MethodSpec.pass_batches``); the build refuses a count the training data cannot give
-(:func:`check_batches`), before anything is written.
+(``engine/build.py``'s ``check_batches``), before anything is written.
 
 The pass sees exactly what training will see first: the run's own seeded order (a
 generator seeded with ``train.seed``, drawn the way the training loader draws its first
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
 from .distributed import World, any_rank
 from .order import EpochBatches, example_lengths
 from .split import LengthSplit
@@ -121,22 +121,6 @@ class CalibrationPass(Protocol):
 def epoch_batches(data: Any, cfg: RunConfig) -> int:
     """Batches of ``train.batch_size`` in one epoch of the training split."""
     return math.ceil(len(data) / cfg.train.batch_size)
-
-
-def check_batches(cfg: RunConfig, key: str | None, n_train: int) -> None:
-    """The pass's batch count (config ``key``) within one epoch of the training data, or a
-    one-line ConfigError naming both numbers and the fix."""
-    if key is None:
-        return
-    from ..methods.registry import config_value
-
-    n = config_value(cfg, key)
-    have = math.ceil(n_train / cfg.train.batch_size)
-    if n is not None and n > have:
-        raise ConfigError(
-            f"{key}={n} but the training split holds only {have} batches of "
-            f"train.batch_size={cfg.train.batch_size} ({n_train} examples); lower {key} to "
-            f"at most {have} (or leave it unset: up to one epoch)")
 
 
 def _order(built: Built, w: World) -> DataLoader:
