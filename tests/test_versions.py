@@ -56,7 +56,7 @@ def pinned() -> dict[str, str]:
     return found
 
 
-def tested() -> dict[str, str]:
+def suite_versions() -> dict[str, str]:
     """What the suite ran with: constraints.txt, and torch from the Makefile's TORCH_SPEC."""
     spec = re.search(r"^TORCH_SPEC\s*\?=\s*torch==(\S+)$",
                      (ROOT / "Makefile").read_text(), re.M).group(1)
@@ -70,15 +70,15 @@ def floor(req: Requirement) -> Version | None:
 @pytest.mark.parametrize("req", every_requirement(), ids=str)
 def test_every_floor_is_the_tested_release(req):
     name = canonicalize_name(req.name)
-    assert name in tested(), f"{name} is declared but constraints.txt does not pin it"
-    assert floor(req) == Version(tested()[name]), (
-        f"{req}: the suite ran with {name}=={tested()[name]}; make that the floor")
-    assert req.specifier.contains(tested()[name])
+    assert name in suite_versions(), f"{name} is declared but constraints.txt does not pin it"
+    assert floor(req) == Version(suite_versions()[name]), (
+        f"{req}: the suite ran with {name}=={suite_versions()[name]}; make that the floor")
+    assert req.specifier.contains(suite_versions()[name])
 
 
 def test_torch_comes_from_torch_spec():
     assert "torch" not in pinned()  # a CPU wheel, or the CUDA build: the Makefile decides
-    assert tested()["torch"] == "2.13.0"
+    assert suite_versions()["torch"] == "2.13.0"
 
 
 def direct_imports() -> set[str]:
