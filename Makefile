@@ -38,7 +38,7 @@ $(VENV)/.installed: pyproject.toml Makefile constraints.txt
 test: install          ## the default suite: CPU, offline, in-process, about 6 minutes on 2 cores
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not e2e and not mirror and not cuda and not slurm"
 
-test-e2e: install      ## the tests that start other processes, about 16 minutes on 2 cores
+test-e2e: install      ## the tests that start other processes, about 21 minutes on 2 cores
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "e2e and not slow and not mirror and not cuda and not slurm"
 
 test-slow: install     ## opt-in heavier checks (real demo model)
