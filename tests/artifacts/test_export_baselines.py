@@ -72,6 +72,19 @@ def _batch():
                return_tensors="pt")
 
 
+def assert_peft_reproduces(folder: Path, batch, ref: torch.Tensor, num_labels: int = 2) -> None:
+    """PEFT alone, on the tiny BERT classifier, loads the export in ``folder`` and gives the
+    run's logits ``ref`` (1e-5), and the adapter matters (without it the logits move)."""
+    base = AutoModelForSequenceClassification.from_pretrained(TINY_BERT, num_labels=num_labels)
+    model = peft.PeftModel.from_pretrained(base, folder).eval()
+    with torch.no_grad():
+        got = model(**batch).logits
+        with model.disable_adapter():
+            without = model(**batch).logits
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    assert (without - ref).abs().max() > 1e-2  # the adapter matters
+
+
 @torch.no_grad()
 def _ours(run: Path, batch):
     model, _, _ = load_run(run)
@@ -92,14 +105,7 @@ def test_peft_export_loads_in_peft_alone_with_the_runs_logits(runs, tmp_path, me
     assert {k: config.get(k, False) for k in flags} == flags
     batch = _batch()
     ref = _ours(run, batch)
-    base = AutoModelForSequenceClassification.from_pretrained(TINY_BERT, num_labels=2)
-    model = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
-    with torch.no_grad():
-        got = model(**batch).logits
-        with model.disable_adapter():
-            without = model(**batch).logits
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
-    assert (without - ref).abs().max() > 1e-2  # the adapter matters
+    assert_peft_reproduces(tmp_path / "peft", batch, ref)
 
 
 def test_pissa_peft_export_is_the_rank_2r_update_on_the_original_w0(runs, tmp_path):

@@ -13,13 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import peft
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForSequenceClassification
 
-from tests.artifacts.test_export_baselines import TINY_BERT, _batch, _export, _ours
+from tests.artifacts.test_export_baselines import _batch, _export, _ours, assert_peft_reproduces
 from tests.conftest import copy_of
 
 SMOKE = "configs/smoke/glue.yaml"
@@ -58,11 +55,4 @@ def test_the_export_loads_in_peft_alone_with_the_runs_logits(run, tmp_path, fmt)
         assert state[f"base_model.model.{path}.lora_A.weight"].shape[0] == r
     batch = _batch()
     ref = _ours(run, batch)
-    base = AutoModelForSequenceClassification.from_pretrained(TINY_BERT, num_labels=2)
-    model = peft.PeftModel.from_pretrained(base, tmp_path / fmt).eval()
-    with torch.no_grad():
-        got = model(**batch).logits
-        with model.disable_adapter():
-            without = model(**batch).logits
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
-    assert (without - ref).abs().max() > 1e-2  # the adapter matters
+    assert_peft_reproduces(tmp_path / fmt, batch, ref)

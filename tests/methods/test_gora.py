@@ -270,11 +270,9 @@ def test_the_export_loads_in_peft_alone_with_the_runs_logits(smoke_runs, tmp_pat
     B is amplified 40 times first, so one wrong rank or scale moves them far past 1e-5."""
     import json
 
-    import peft
     from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForSequenceClassification
 
-    from tests.artifacts.test_export_baselines import TINY_BERT, _batch, _export, _ours
+    from tests.artifacts.test_export_baselines import _batch, _export, _ours, assert_peft_reproduces
     from tests.conftest import copy_of
 
     shared = smoke_runs("configs/smoke/glue.yaml", "method.name=gora", "train.max_steps=4")
@@ -290,14 +288,7 @@ def test_the_export_loads_in_peft_alone_with_the_runs_logits(smoke_runs, tmp_pat
         assert config["alpha_pattern"] == {p: 4.0 * r for p, r in ranks.items()}
     batch = _batch()
     ref = _ours(run, batch)
-    base = AutoModelForSequenceClassification.from_pretrained(TINY_BERT, num_labels=2)
-    model = peft.PeftModel.from_pretrained(base, tmp_path / fmt).eval()
-    with torch.no_grad():
-        got = model(**batch).logits
-        with model.disable_adapter():
-            without = model(**batch).logits
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
-    assert (without - ref).abs().max() > 1e-2  # the adapter matters
+    assert_peft_reproduces(tmp_path / fmt, batch, ref)
 
 
 @pytest.mark.e2e
