@@ -26,6 +26,10 @@ SIZED = tuple(name for name, spec in METHODS.items() if spec.sized)
 # Keys the sweep sets itself: a user override of these would break the grid.
 _RESERVED = ("method.name", "train.seed", "sweep.")
 _TAG = re.compile(r"[A-Za-z0-9._-]+")
+PLACEHOLDERS = ("{seed}", "{level}")
+"""What an override's value may name to differ per run: the run's seed and budget level,
+so that one group trains each seed of each level on, say, the AdaLoRA run of the same seed
+and level (``lora.rank_pattern=runs/x/glue-adalora-b{level}-s{seed}``)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,20 @@ def _check_overrides(overrides: list[str], where: str) -> list[str]:
             raise ConfigError(f"{where}: {key} is set by the sweep itself; "
                               "use --methods / --seeds (or the manifest's methods / seeds)")
     return list(overrides)
+
+
+def fill_placeholders(overrides: list[str], seed: int, level: int | None,
+                      where: str) -> list[str]:
+    """Each override with :data:`PLACEHOLDERS` replaced by the run's ``seed`` and budget
+    ``level``; any other braces are left as written (a YAML value may hold some)."""
+    filled = []
+    for item in overrides:
+        if "{level}" in item and level is None:
+            raise ConfigError(f"{where}: override {item!r} names {{level}}, but this run "
+                              "has no budget level; give its group budgets: (or write the "
+                              "level out)")
+        filled.append(item.replace("{seed}", str(seed)).replace("{level}", str(level)))
+    return filled
 
 
 def is_manifest(path: Path) -> bool:
@@ -282,6 +300,7 @@ def _planned(spec: SweepSpec, config: Path, stem: str, method: str, level: int |
              seed: int, sized: list[str], extra: list[str], tag: str = "") -> PlannedRun:
     name = (f"{stem}-{method}" + (f"-b{level}" if level is not None else "")
             + (f"-{tag}" if tag else "") + f"-s{seed}")
+    extra = fill_placeholders(list(extra), seed, level, str(spec.source))
     overrides = (f"method.name={method}", *sized, f"train.seed={seed}",
                  f"sweep.name={spec.name}",
                  f"sweep.budget_level={level if level is not None else 'null'}", *extra)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
-from adalora_cli.config import load_config
+from adalora_cli.config import ConfigError, load_config
 from adalora_cli.methods.registry import config_digest
 from adalora_cli.sweep.plan import load_manifest, plan
 
@@ -55,3 +56,29 @@ def test_outside_a_level_each_source_is_its_own_experiment(in_repo):
     # lora.r is not read on a run's ranks
     assert digest("lora.rank_pattern=a", "lora.r=3") == digest("lora.rank_pattern=a")
     assert digest("lora.r=3") != digest()
+
+
+def test_one_group_names_each_runs_own_source_by_placeholders(in_repo, tmp_path):
+    """``{seed}`` and ``{level}`` in an override: one group plans what a group per seed
+    (and per level) writes out by hand."""
+    by_hand = {r.name: r for r in plan(load_manifest(_manifest(tmp_path)), n_cache={})}
+    runs = [{"configs": [SMOKE], "methods": ["adalora", "lora"], "budgets": [16]},
+            {"configs": [SMOKE], "methods": ["lora"], "budgets": [16], "tag": "on-ranks",
+             "overrides": ["lora.rank_pattern=runs/x/glue-adalora-b{level}-s{seed}"]}]
+    path = tmp_path / "y.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "seeds": [0, 1], "runs": runs}))
+    filled = {r.name: r for r in plan(load_manifest(path), n_cache={})}
+    assert filled.keys() == by_hand.keys()
+    for name, run in filled.items():
+        assert run.overrides == by_hand[name].overrides, name
+    assert ("lora.rank_pattern=runs/x/glue-adalora-b16-s1"
+            in filled["glue-lora-b16-on-ranks-s1"].overrides)
+
+
+def test_a_level_placeholder_needs_a_level(in_repo, tmp_path):
+    runs = [{"configs": [SMOKE], "methods": ["lora"],
+             "overrides": ["lora.rank_pattern=runs/x/glue-adalora-b{level}-s{seed}"]}]
+    path = tmp_path / "z.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "seeds": [0], "runs": runs}))
+    with pytest.raises(ConfigError, match=r"names \{level\}, but this run has no budget level"):
+        plan(load_manifest(path), n_cache={})

@@ -16,7 +16,9 @@ EIGHT = {"adalora", "lora", "rslora", "dora", "pissa", "loraplus", "sora", "incr
 
 def test_every_tune_manifest_parses(in_repo):
     shipped = sorted(Path("experiments").glob("tune_*.yaml"))
-    assert [p.stem for p in shipped] == ["tune_bbc_topic", "tune_rotten_tomatoes", "tune_smoke",
+    assert [p.stem for p in shipped] == ["tune_allocation_bbc_topic",
+                                         "tune_allocation_rotten_tomatoes", "tune_bbc_topic",
+                                         "tune_rotten_tomatoes", "tune_smoke",
                                          "tune_table1_glue"]
     for path in shipped:
         spec = load_tune_manifest(path)
@@ -36,3 +38,32 @@ def test_the_real_data_manifests_tune_the_eight_methods(in_repo, name, holdout):
     assert sum(n_trials(c, spec) for c in cells) == 54
     lora = next(c for c in cells if c.name.endswith("lora-b72") and c.method == "lora")
     assert [s.grid() for s in lora.spaces] == [[0.0005, 0.001, 0.002]]
+
+
+@pytest.mark.parametrize("name, stem, holdout", [
+    ("tune_allocation_bbc_topic", "bbc_topic", 200),
+    ("tune_allocation_rotten_tomatoes", "rotten_tomatoes", 1000)])
+def test_the_allocation_manifests_match_the_eight_methods_tune(in_repo, name, stem, holdout):
+    """EVA, GoRA and LoRA on AdaLoRA's ranks, tuned as the eight methods are (same held-out
+    rows, pruner and seeds), each LoRA-on-ranks run on the tuned AdaLoRA run of its own
+    seed and level."""
+    spec = load_tune_manifest(Path(f"experiments/{name}.yaml"))
+    eight = load_tune_manifest(Path(f"experiments/tune_{stem}.yaml"))
+    assert (spec.seeds, spec.holdout, spec.select_on, spec.pruner, spec.sampler) == (
+        eight.seeds, eight.holdout, eight.select_on, eight.pruner, eight.sampler)
+    cells = {c.name: c for c in plan_cells(spec)}
+    assert sorted(cells) == sorted(f"{stem}-{m}-b{b}{t}" for m, t in (
+        ("eva", ""), ("gora", ""), ("lora", "-on-ranks")) for b in (72, 288))
+    assert {(c.method, c.budget_level, c.group.tag) for c in cells.values()} == {
+        (m, b, t) for m, t in (("eva", ""), ("gora", ""), ("lora", "on-ranks"))
+        for b in (72, 288)}
+    assert all(c.holdout == holdout and c.metric == "heldout/accuracy" for c in cells.values())
+    assert sum(n_trials(c, spec) for c in cells.values()) == 18
+    on_ranks = cells[f"{stem}-lora-b288-on-ranks"]
+    source = f"lora.rank_pattern=runs/tune_{stem}/{stem}-adalora-b288-tuned-s"
+    assert source + "0" in on_ranks.base.overrides  # trials train on seed 0's ranks
+    runs = on_ranks.seed_runs(spec, {"train.learning_rate": 1e-3})
+    assert [r.name for r in runs] == [f"{stem}-lora-b288-on-ranks-tuned-s{s}" for s in (0, 1, 2)]
+    for run in runs:
+        assert source + str(run.seed) in run.overrides
+        assert not any(o.startswith("lora.r=") for o in run.overrides)
