@@ -170,6 +170,21 @@ def test_bad_manifests_are_one_line_and_exit_2(tmp_path, in_repo, changes, words
     assert not where.exists()  # refused before anything was written
 
 
+def test_a_config_stating_b_t_as_target_rank_takes_a_search(in_repo):
+    """configs/smoke/gsm8k.yaml sets adalora.target_rank, so its budget keeps the default
+    144: the two read back as both set unless the default one is dropped."""
+    from adalora_cli.config import ConfigError
+    from adalora_cli.sweep.tune.space import Space, check_key
+
+    cfg = load_config("configs/smoke/gsm8k.yaml", ["method.name=adalora"])
+    assert (cfg.adalora.target_rank, cfg.adalora.budget) == (2.0, 144)
+    check_key(Space("train.learning_rate", low=1e-3, high=1e-1, log=True), "adalora", cfg,
+              "here")
+    check_key(Space("adalora.budget", values=(4, 8)), "adalora", cfg, "here")  # replaces it
+    with pytest.raises(ConfigError, match="search.adalora.target_rank value -1.0 is refused"):
+        check_key(Space("adalora.target_rank", values=(2.0, -1.0)), "adalora", cfg, "here")
+
+
 def test_the_held_out_rows_do_not_depend_on_the_file_order():
     import datasets
 

@@ -139,7 +139,7 @@ def check_value(cfg: RunConfig, key: str, value: Any, where: str) -> None:
     """``key=value`` applied to ``cfg`` as an override would be, or a one-line refusal."""
     from ...config import from_dict
 
-    data = cfg.to_dict()
+    data = _as_read(cfg, key)
     node = data
     parts = key.split(".")
     for part in parts[:-1]:
@@ -150,6 +150,29 @@ def check_value(cfg: RunConfig, key: str, value: Any, where: str) -> None:
     except ConfigError as err:
         raise ConfigError(f"{where}: search.{key} value {shown(value)} is refused: "
                           f"{err}") from None
+
+
+def _as_read(cfg: RunConfig, key: str) -> dict[str, Any]:
+    """``cfg`` as nested sections that :func:`~adalora_cli.config.from_dict` reads back,
+    with ``key`` about to be set. Of an exclusive pair (``adalora.budget`` /
+    ``adalora.target_rank``) a config sets one, and the other keeps its default (budget 144
+    beside a file's target_rank), which from_dict would refuse as both set: that default is
+    dropped, and an override of one key drops the other, as ``load_config`` does."""
+    data = cfg.to_dict()
+    for name, node in data.items():
+        section = getattr(cfg, name)
+        pairs = getattr(type(section), "EXCLUSIVE", ())
+        defaults = {f.name: f.default for f in dataclasses.fields(section)} if pairs else {}
+        for pair in pairs:
+            searched = [k for k in pair if key == f"{name}.{k}"]
+            for k in pair:
+                if searched and k != searched[0]:
+                    node[k] = None
+                elif not searched and all(node[o] is not None for o in pair) \
+                        and node[k] == defaults[k]:
+                    node[k] = None
+                    break
+    return data
 
 
 def override(key: str, value: Any) -> str:
