@@ -49,7 +49,10 @@ class EVALinear(LoRALinear):
         self.scaling = (self.alpha / self.mean_rank if self.adjust_scaling or rank == 0
                         else self.alpha / rank)
         a = (torch.zeros(rank, d_in) if a0 is None else a0.detach())
-        self.A = nn.Parameter(a.to(device=device, dtype=torch.float32).clone())
+        # row-major, as a checkpoint's A loads: the SVD's Vh comes column-major, and a
+        # matmul over other strides rounds differently, so a resumed run would drift
+        self.A = nn.Parameter(a.to(device=device, dtype=torch.float32)
+                              .clone(memory_format=torch.contiguous_format))
         self.B = nn.Parameter(torch.zeros(d_out, rank, device=device, dtype=torch.float32))
 
     def extra_repr(self) -> str:

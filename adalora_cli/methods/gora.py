@@ -154,8 +154,10 @@ class GoRALinear(LoRALinear):
         ``(d_out, rank)`` (new fp32 parameters; the scale keeps the mean rank)."""
         kw = {"device": self.A.device, "dtype": torch.float32}
         self.r = rank
-        self.A = nn.Parameter(A.to(**kw).clone())
-        self.B = nn.Parameter(B.to(**kw).clone())
+        # row-major, as a checkpoint's factors load (lstsq's solution comes transposed):
+        # a matmul over other strides rounds differently, and a resume would drift
+        self.A = nn.Parameter(A.to(**kw).clone(memory_format=torch.contiguous_format))
+        self.B = nn.Parameter(B.to(**kw).clone(memory_format=torch.contiguous_format))
 
     def extra_repr(self) -> str:
         return f"r={self.r}, scaling={self.scaling:g}, gradient init"
