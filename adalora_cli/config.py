@@ -83,7 +83,9 @@ class TaskConfig:
     """Rows carved out of the training split (chosen by a hash of each row, so the same
     rows whatever their order), removed from training and scored as the evaluation split
     ``heldout``: what ``adalora tune`` chooses a learning rate on, so that the validation
-    score a report prints is not the one the choice was made on. None: no carve-out."""
+    score a report prints is not the one the choice was made on. gsm8k_metamath takes them
+    from GSM8K's train split instead and trains on all its MetaMathQA rows. None: no
+    carve-out."""
     doc_stride: int = 128
     """SQuAD: tokens shared by consecutive windows of a context longer than max_length
     (the question is repeated in every window; only the context is truncated)."""

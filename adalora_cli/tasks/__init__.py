@@ -62,7 +62,8 @@ def get_task(cfg: RunConfig) -> Task:
     if cfg.task.holdout and not getattr(task, "holds_out", False):
         raise ConfigError(f"task.holdout: task {cfg.task.name} cannot hold out training rows "
                           "(the text classifications can: GLUE, classification, "
-                          "rotten_tomatoes, bbc_topic); unset it, or tune on the validation "
+                          "rotten_tomatoes, bbc_topic; and gsm8k_metamath, from GSM8K's "
+                          "train split); unset it, or tune on the validation "
                           "split (select_on: validation)")
     return task
 

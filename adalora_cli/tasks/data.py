@@ -315,12 +315,19 @@ def carve_holdout(raw: dict[str, datasets.Dataset], rows: int | None,
         raise ConfigError(f"task.holdout={rows} holds out at least the whole training split "
                           f"({len(train)} rows in {where}); hold out fewer rows, e.g. "
                           f"task.holdout={max(1, len(train) // 10)}")
-    keys = [row_key(row) for row in train]
-    order = sorted(range(len(train)), key=lambda i: (keys[i], i))
-    held, kept = sorted(order[:rows]), sorted(order[rows:])
+    held = lowest_keys(train, rows)
+    chosen = set(held)
+    kept = [i for i in range(len(train)) if i not in chosen]
     out = {name: (train.select(kept) if name == "train" else ds) for name, ds in raw.items()}
     out[HELDOUT] = train.select(held)
     return out
+
+
+def lowest_keys(ds: datasets.Dataset, rows: int) -> list[int]:
+    """The indices of the ``rows`` rows of ``ds`` with the lowest :func:`row_key` (ties,
+    identical rows, by place), in the file's order: the rule every held-out slice follows."""
+    keys = [row_key(row) for row in ds]
+    return sorted(sorted(range(len(ds)), key=lambda i: (keys[i], i))[:rows])
 
 
 def take(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:

@@ -12,6 +12,17 @@ MetaMathQA's ``response`` (which ends "The answer is: 16") or GSM8K's ``answer``
 files: ``train`` in MetaMathQA's (``query``, ``response``), ``validation`` in GSM8K's
 (``question``, ``answer``).
 
+``task.holdout=N`` (what ``adalora tune`` chooses a learning rate on) scores the split
+``heldout``: the N rows of GSM8K's ``main`` train split with the lowest row hashes
+(:func:`~.data.lowest_keys`, the rule every held-out slice follows), prompted and scored as
+the test rows are; the training rows stay MetaMathQA's, all of them. Choosing on GSM8K test
+would choose on the reported figure, and held-out MetaMathQA rows (rephrased GSM8K and MATH
+questions, answered "The answer is: N") would be a poor proxy for it; GSM8K train is where
+PEFT watches training too. These rows are not unseen: MetaMathQA rephrases GSM8K's train
+questions, so they flatter every method as PEFT's own validation sample does. Locally they
+are the split :data:`HELDOUT_FILE` (``task.data_files.gsm8k_train=PATH``, or
+``gsm8k_train.jsonl`` in ``task.data_dir``), in GSM8K's columns.
+
 Scoring adds ``accuracy`` (x 100) to ``causal_lm``'s: the number after the last answer
 marker of the reply (:func:`parse_answer`) equals the reference's, as numbers
 (:func:`to_number`: ``20/35`` equals ``0.5714285714285714``), PEFT's ``get_accuracy``.
@@ -21,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from decimal import Decimal, DivisionByZero, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -32,6 +44,11 @@ from .causal_lm import CausalLMTask
 TRAIN_DATASET = "meta-math/MetaMathQA"
 TEST_DATASET = "openai/gsm8k"
 TEST_CONFIG = "main"
+HELDOUT_SPLIT = "train"
+"""GSM8K's split that ``task.holdout`` takes its rows from (hub ``openai/gsm8k``, ``main``)."""
+HELDOUT_FILE = "gsm8k_train"
+"""The local split (``task.data_files`` key, ``task.data_dir`` file name) holding GSM8K's
+train rows for ``task.holdout``."""
 TEMPLATE = "Question: {query} Think step by step.\nAnswer:"
 """PEFT's ``query_template`` (default_training_params.json)."""
 CHAR_LIMIT = 1300
@@ -118,11 +135,28 @@ class Gsm8kMetaMathTask(CausalLMTask):
     """``causal_lm`` on MetaMathQA, scored on GSM8K by final-answer accuracy."""
 
     name = "gsm8k_metamath"
+    holds_out = True
+    """``task.holdout`` scores rows of GSM8K's train split as ``heldout`` (module doc)."""
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        self._raw: dict[str, datasets.Dataset] | None = None
 
     def _local(self) -> bool:
         return bool(self.cfg.task.data_files or self.cfg.task.data_dir)
 
+    def _heldout_source(self) -> str:
+        """Where GSM8K's train rows come from."""
+        task = self.cfg.task
+        if self._local():
+            return rawdata.describe_source(task, HELDOUT_FILE, dataset=None)
+        return rawdata.describe_source(task, HELDOUT_SPLIT, dataset=TEST_DATASET,
+                                       config_name=TEST_CONFIG)
+
     def where(self, split: str) -> str:
+        if split == rawdata.HELDOUT:
+            return (f"{self.cfg.task.holdout} rows of {self._heldout_source()} "
+                    "(lowest row hashes)")
         if self._local():
             return super().where(split)
         task = self.cfg.task
@@ -132,20 +166,67 @@ class Gsm8kMetaMathTask(CausalLMTask):
         return rawdata.describe_source(task, "test", dataset=TEST_DATASET,
                                        config_name=TEST_CONFIG)
 
+    def _check_local_heldout(self) -> None:
+        """``task.holdout`` with local files needs GSM8K's train rows among them."""
+        task = self.cfg.task
+        asked = (f"task.holdout={task.holdout} scores rows of GSM8K's train split, "
+                 "which the local files do not give")
+        columns = "GSM8K's question and answer columns"
+        if task.data_files:
+            if HELDOUT_FILE not in task.data_files:
+                raise ConfigError(f"{asked}; add task.data_files.{HELDOUT_FILE}=PATH "
+                                  f"({columns})")
+            return
+        folder = Path(str(task.data_dir))
+        if folder.is_dir() and not any((folder / f"{HELDOUT_FILE}.{ext}").is_file()
+                                       for ext in rawdata.EXTENSIONS):
+            raise ConfigError(f"{asked}; add {HELDOUT_FILE}.jsonl ({columns}) to {folder}, "
+                              f"or map it with task.data_files.{HELDOUT_FILE}=PATH")
+
     def raw_splits(self) -> dict[str, datasets.Dataset]:
         task = self.cfg.task
+        gsm8k_train = None
         if self._local():
-            loaded = rawdata.load_splits(task, ("train", "validation"), dataset=None)
+            splits = ["train", "validation"]
+            if task.holdout:
+                self._check_local_heldout()
+                splits.append(HELDOUT_FILE)
+            loaded = rawdata.load_splits(task, splits, dataset=None)
             train, test = loaded["train"], loaded["validation"]
+            gsm8k_train = loaded.get(HELDOUT_FILE)
         else:
             train = rawdata.load_splits(task, ("train",), dataset=TRAIN_DATASET)["train"]
-            test = rawdata.load_splits(task, ("test",), dataset=TEST_DATASET,
-                                       config_name=TEST_CONFIG)["test"]
+            splits = ["test", HELDOUT_SPLIT] if task.holdout else ["test"]
+            gsm8k = rawdata.load_splits(task, splits, dataset=TEST_DATASET,
+                                        config_name=TEST_CONFIG)
+            test, gsm8k_train = gsm8k["test"], gsm8k.get(HELDOUT_SPLIT)
         rawdata.require_columns(train, ["query", "response"], self.where("train"))
-        return {"train": prompt_rows(short_enough(train), "query", "response",
-                                     self.where("train")),
-                "validation": prompt_rows(test, "question", "answer",
-                                          self.where("validation"))}
+        out = {"train": prompt_rows(short_enough(train), "query", "response",
+                                    self.where("train")),
+               "validation": prompt_rows(test, "question", "answer",
+                                         self.where("validation"))}
+        if task.holdout:
+            out[rawdata.HELDOUT] = self._heldout(gsm8k_train)
+        return out
+
+    def _heldout(self, gsm8k_train: datasets.Dataset) -> datasets.Dataset:
+        """The ``task.holdout`` rows of GSM8K's train split with the lowest row hashes,
+        prompted as the test rows are."""
+        rows, source = int(self.cfg.task.holdout), self._heldout_source()
+        rawdata.require_columns(gsm8k_train, ["question", "answer"], source)
+        if rows > len(gsm8k_train):
+            raise ConfigError(f"task.holdout={rows} asks for more rows than GSM8K's train "
+                              f"split has ({len(gsm8k_train)} in {source}); hold out at most "
+                              f"task.holdout={len(gsm8k_train)}")
+        held = gsm8k_train.select(rawdata.lowest_keys(gsm8k_train, rows))
+        return prompt_rows(held, "question", "answer", self.where(rawdata.HELDOUT))
+
+    def load_raw(self) -> dict[str, datasets.Dataset]:
+        """The prompted splits, ``heldout`` among them under ``task.holdout`` (read once:
+        ``adalora tune`` checks the held-out slice with it before any trial starts)."""
+        if self._raw is None:
+            self._raw = self.raw_splits()
+        return self._raw
 
     def metric_names(self) -> tuple[str, ...]:
         generated = ("accuracy",) if self.cfg.task.max_new_tokens > 0 else ()
