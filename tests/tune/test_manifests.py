@@ -18,8 +18,8 @@ def test_every_tune_manifest_parses(in_repo):
     shipped = sorted(Path("experiments").glob("tune_*.yaml"))
     assert [p.stem for p in shipped] == ["tune_allocation_bbc_topic",
                                          "tune_allocation_rotten_tomatoes", "tune_bbc_topic",
-                                         "tune_rotten_tomatoes", "tune_smoke",
-                                         "tune_table1_glue"]
+                                         "tune_gsm8k_metamath", "tune_rotten_tomatoes",
+                                         "tune_smoke", "tune_table1_glue"]
     for path in shipped:
         spec = load_tune_manifest(path)
         assert spec.groups and spec.select_on == "heldout", path
@@ -67,3 +67,21 @@ def test_the_allocation_manifests_match_the_eight_methods_tune(in_repo, name, st
     for run in runs:
         assert source + str(run.seed) in run.overrides
         assert not any(o.startswith("lora.r=") for o in run.overrides)
+
+
+def test_the_gsm8k_manifest_tunes_adalora_and_lora_on_gsm8k_train_rows(in_repo):
+    """PEFT's MetaMathQA -> GSM8K setup, each method on PEFT's 1e-4, an octave below and two
+    above, chosen on 200 held-out GSM8K train rows at evaluations every 1000 steps."""
+    spec = load_tune_manifest(Path("experiments/tune_gsm8k_metamath.yaml"))
+    cells = plan_cells(spec)
+    assert [(c.name, c.method, c.budget_level) for c in cells] == [
+        ("gsm8k_metamath-adalora", "adalora", None), ("gsm8k_metamath-lora", "lora", None)]
+    assert spec.seeds == [0, 1, 2] and spec.pruner["name"] == "median"
+    for cell in cells:
+        assert cell.holdout == 200 and cell.metric == "heldout/accuracy"
+        assert [s.grid() for s in cell.spaces] == [[5e-5, 1e-4, 2e-4, 4e-4]]
+        assert "train.eval_every=1000" in cell.base.overrides
+        assert str(cell.base.config) == "configs/causal_lm/gsm8k_metamath.yaml"
+    # the header's size: 8 trials, then 6 seed runs
+    assert sum(n_trials(c, spec) for c in cells) == 8
+    assert sum(len(c.seed_runs(spec, {"train.learning_rate": 1e-4})) for c in cells) == 6
