@@ -86,6 +86,33 @@ def test_status_says_where_every_study_stands(smoke_tune, in_repo):
     assert "3 finished" in result.output  # the seed runs, as adalora sweep --status says
 
 
+class StopsAfterOne(InProcess):
+    """Trains the round's first trial, then the tune is stopped (Ctrl-C) mid-round."""
+
+    def launch(self, spec, runs, sweep_dir: Path, quiet: bool = False):
+        super().launch(spec, runs[:1], sweep_dir, quiet)
+        raise KeyboardInterrupt
+
+
+def test_status_counts_a_trial_that_ended_before_its_round_did(tmp_path, in_repo):
+    """A round of trials is told to the studies when its last trial ends; until then the
+    view reads the trials that ended from their run directories."""
+    path = manifest(tmp_path, seeds=[0])
+    where = tmp_path / "sweep"
+    with pytest.raises(KeyboardInterrupt):
+        tune(path, where, StopsAfterOne())
+    first = sorted(where.glob("*-t000"))
+    assert len(first) == 1 and is_finished(first[0])
+    cell = first[0].name.rsplit("-t", 1)[0]
+    assert [s[1] for s in _study(where, cell)] == ["RUNNING"]  # not told: the round was cut
+    result = CliRunner().invoke(app, ["tune", str(path), "--status", "--sweep-dir",
+                                      str(where)])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if f"{cell} " in line)
+    assert "1/4" in row and f"{heldout_accuracy(first[0]):.4g}" in row, result.output
+    assert [s[1] for s in _study(where, cell)] == ["RUNNING"]  # --status wrote nothing
+
+
 def _study(where: Path, cell: str) -> list[tuple]:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
@@ -140,6 +167,52 @@ def test_a_diverging_trial_is_pruned_and_says_so(tmp_path, in_repo):
     assert run_state(tmp_path / "sweep" / trials[10000.0]["run"]) == "pruned"  # never resumed
     assert record(tmp_path / "sweep")["cells"][0]["chosen"]["params"] == {
         "train.learning_rate": 0.01}
+
+
+def test_a_gsm8k_trial_reports_its_held_out_accuracy(tmp_path, in_repo, monkeypatch):
+    """gsm8k_metamath's trials are scored on rows of GSM8K's train split: the study is told
+    their final-answer accuracy at every evaluation. The random smoke model answers nothing
+    right, so a stand-in generation answers GSM8K-train questions about apples, and only
+    those (none of the test questions)."""
+    from adalora_cli.tasks.gsm8k import Gsm8kMetaMathTask, parse_answer
+    from tests.tasks.test_gsm8k import lowest_hashes, rows
+
+    known = {r["question"]: parse_answer(r["answer"]) for r in rows("gsm8k_train.jsonl")
+             if "apples" in r["question"]}
+
+    def generate(self, model, prompts, **kwargs):
+        asked = [self.tokenizer.decode(p, skip_special_tokens=True).removeprefix(
+            "Question: ").removesuffix(" Think step by step.\nAnswer:") for p in prompts]
+        return [f"The answer is: {known[q]}" if q in known else "no idea" for q in asked]
+
+    monkeypatch.setattr(Gsm8kMetaMathTask, "generate", generate)
+    path = manifest(tmp_path, seeds=[0], holdout=4, metric="accuracy",
+                    overrides=["train.eval_every=4"], runs0={
+                        "configs": ["configs/smoke/gsm8k.yaml"], "methods": ["lora"],
+                        "budgets": None, "search": {"train.learning_rate": {"values": [0.05]}}})
+    code, output = tune(path, tmp_path / "sweep")
+    assert code == 0, output
+    cell = record(tmp_path / "sweep")["cells"][0]
+    assert cell["metric"] == "heldout/accuracy"
+    held = lowest_hashes(rows("gsm8k_train.jsonl"), 4)
+    expected = 100.0 * sum("apples" in r["question"] for r in held) / 4
+    [trial] = cell["trials"]
+    assert trial["value"] == expected == heldout_accuracy(tmp_path / "sweep" / trial["run"])
+    summary = json.loads((tmp_path / "sweep" / trial["run"] / "summary.json").read_text())
+    assert expected > 0 and summary["metrics"]["validation"]["accuracy"] == 0
+    assert trial["reported"] == {"4": expected}  # step 8 is the end: its value above
+
+
+def test_a_gsm8k_tune_refuses_more_held_out_rows_than_gsm8k_train_has(tmp_path, in_repo):
+    path = manifest(tmp_path, holdout=13, metric="accuracy", runs0={
+        "configs": ["configs/smoke/gsm8k.yaml"], "methods": ["lora"], "budgets": None})
+    where = tmp_path / "sweep"
+    result = CliRunner().invoke(app, ["tune", str(path), "--sweep-dir", str(where)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        "error: task.holdout=13 asks for more rows than GSM8K's train split has (12 in "
+        "tests/fixtures/gsm8k/gsm8k_train.jsonl); hold out at most task.holdout=12")
+    assert not where.exists()  # before any trial
 
 
 @pytest.mark.parametrize("changes, words", [
