@@ -19,8 +19,8 @@ the test rows are; the training rows stay MetaMathQA's, all of them. Choosing on
 would choose on the reported figure, and held-out MetaMathQA rows (rephrased GSM8K and MATH
 questions, answered "The answer is: N") would be a poor proxy for it; GSM8K train is where
 PEFT watches training too. These rows are not unseen: MetaMathQA rephrases GSM8K's train
-questions, so they flatter every method as PEFT's own validation sample does. Locally they
-are the split :data:`HELDOUT_FILE` (``task.data_files.gsm8k_train=PATH``, or
+questions, so their accuracy may run above the test's, as in PEFT's own validation sample.
+Locally they are the split :data:`HELDOUT_FILE` (``task.data_files.gsm8k_train=PATH``, or
 ``gsm8k_train.jsonl`` in ``task.data_dir``), in GSM8K's columns.
 
 Scoring adds ``accuracy`` (x 100) to ``causal_lm``'s: the number after the last answer
