@@ -86,6 +86,33 @@ def test_status_says_where_every_study_stands(smoke_tune, in_repo):
     assert "3 finished" in result.output  # the seed runs, as adalora sweep --status says
 
 
+class StopsAfterOne(InProcess):
+    """Trains the round's first trial, then the tune is stopped (Ctrl-C) mid-round."""
+
+    def launch(self, spec, runs, sweep_dir: Path, quiet: bool = False):
+        super().launch(spec, runs[:1], sweep_dir, quiet)
+        raise KeyboardInterrupt
+
+
+def test_status_counts_a_trial_that_ended_before_its_round_did(tmp_path, in_repo):
+    """A round of trials is told to the studies when its last trial ends; until then the
+    view reads the trials that ended from their run directories."""
+    path = manifest(tmp_path, seeds=[0])
+    where = tmp_path / "sweep"
+    with pytest.raises(KeyboardInterrupt):
+        tune(path, where, StopsAfterOne())
+    first = sorted(where.glob("*-t000"))
+    assert len(first) == 1 and is_finished(first[0])
+    cell = first[0].name.rsplit("-t", 1)[0]
+    assert [s[1] for s in _study(where, cell)] == ["RUNNING"]  # not told: the round was cut
+    result = CliRunner().invoke(app, ["tune", str(path), "--status", "--sweep-dir",
+                                      str(where)])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if f"{cell} " in line)
+    assert "1/4" in row and f"{heldout_accuracy(first[0]):.4g}" in row, result.output
+    assert [s[1] for s in _study(where, cell)] == ["RUNNING"]  # --status wrote nothing
+
+
 def _study(where: Path, cell: str) -> list[tuple]:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend

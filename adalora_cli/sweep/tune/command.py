@@ -28,7 +28,17 @@ from ...rundir.run import write_text_atomic
 from ..plan import PlannedRun, SweepSpec
 from .cells import Cell, check_holdout, plan_cells
 from .manifest import TuneSpec, load_tune_manifest
-from .study import best, history, n_trials, next_trial, open_study, optuna, tell, write_record
+from .study import (
+    best,
+    history,
+    n_trials,
+    next_trial,
+    open_study,
+    optuna,
+    tell,
+    untold,
+    write_record,
+)
 
 RECORD = "tune.json"
 """The tune's record in its sweep directory, read by ``adalora report``."""
@@ -221,6 +231,16 @@ def _table(spec: TuneSpec, cells: list[Cell], studies: dict, where: Path) -> Tab
         study = studies[cell.name]
         counts = _counts(study)
         chosen = best(study)
+        # the trials of the round under way that ended already count (read from their runs)
+        ended = untold(study, cell, where)
+        params = {t.number: t.params for t in study.get_trials(deepcopy=False)}
+        for number, (how, value) in sorted(ended.items()):
+            counts["pruned" if how == "pruned" else "fail" if how == "failed"
+                   else "complete"] += 1
+            better = chosen is None or (value < chosen["value"] if cell.lower_is_better
+                                        else value > chosen["value"])
+            if how == "complete" and better:
+                chosen = {"number": number, "params": dict(params[number]), "value": value}
         done = counts["complete"] + counts["pruned"] + counts["fail"]
         at = ", ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else
                        f"{k.split('.')[-1]}={v}" for k, v in (chosen or {}).get(

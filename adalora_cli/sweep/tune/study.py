@@ -131,22 +131,48 @@ def next_trial(study, cell: Cell, spec: TuneSpec) -> tuple[int, dict[str, Any]] 
     return trial.number, dict(trial.params)
 
 
-def tell(study, number: int, run_dir: Path, cell: Cell) -> str | None:
-    """Tell the study how trial ``number`` ended, from its run directory: 'complete' (its
-    final tuning metric), 'pruned', or None when the run has not ended."""
-    state = optuna().trial.TrialState
+def outcome(run_dir: Path, cell: Cell) -> tuple[str, float | None] | None:
+    """How the trial in ``run_dir`` ended, read from its files: ('complete', its final
+    tuning metric), ('pruned', None), ('failed', None: no finite score), or None when the
+    run has not ended."""
     if is_pruned(run_dir):
-        study.tell(number, state=state.PRUNED)
-        return "pruned"
+        return "pruned", None
     if not is_finished(run_dir):
         return None
     split, _, metric = cell.metric.rpartition("/")
     value = json.loads((run_dir / SUMMARY).read_text())["metrics"].get(split, {}).get(metric)
     if value is None or not math.isfinite(value):
-        study.tell(number, state=state.FAIL)
-        return "failed"
-    study.tell(number, float(value))
-    return "complete"
+        return "failed", None
+    return "complete", float(value)
+
+
+def tell(study, number: int, run_dir: Path, cell: Cell) -> str | None:
+    """Tell the study how trial ``number`` ended, from its run directory: 'complete' (its
+    final tuning metric), 'pruned', 'failed', or None when the run has not ended."""
+    state = optuna().trial.TrialState
+    ended = outcome(run_dir, cell)
+    if ended is None:
+        return None
+    how, value = ended
+    if how == "complete":
+        study.tell(number, value)
+    else:
+        study.tell(number, state=state.PRUNED if how == "pruned" else state.FAIL)
+    return how
+
+
+def untold(study, cell: Cell, sweep_dir: Path) -> dict[int, tuple[str, float | None]]:
+    """Trials the study still holds as running whose run directories have ended: a round of
+    trials is told when its last trial ends, so meanwhile a view of the search reads these
+    from their files (the study itself is not written)."""
+    state = optuna().trial.TrialState
+    found = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.state == state.RUNNING:
+            ended = outcome(sweep_dir / f"{cell.name}-t{t.number:03d}", cell)
+            if ended is not None:
+                found[t.number] = ended
+    return found
 
 
 def history(study) -> list[dict[str, Any]]:
