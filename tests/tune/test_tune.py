@@ -4,6 +4,7 @@ diverging trial ends pruned, and bad manifests are refused in one line."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -11,13 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from adalora_cli.cli import app
 from adalora_cli.config import load_config
 from adalora_cli.rundir.run import RunDir, is_finished
 from adalora_cli.sweep.runs import run_state
-from adalora_cli.sweep.tune.study import optuna
+from adalora_cli.sweep.tune.cells import plan_cells
+from adalora_cli.sweep.tune.command import _View
+from adalora_cli.sweep.tune.manifest import load_tune_manifest
+from adalora_cli.sweep.tune.study import open_study, optuna
 
 from .conftest import InProcess, manifest, tune
 
@@ -111,6 +116,14 @@ def test_status_counts_a_trial_that_ended_before_its_round_did(tmp_path, in_repo
     row = next(line for line in result.output.splitlines() if f"{cell} " in line)
     assert "1/4" in row and f"{heldout_accuracy(first[0]):.4g}" in row, result.output
     assert [s[1] for s in _study(where, cell)] == ["RUNNING"]  # --status wrote nothing
+    # the live view, redrawn while a round runs, reads them the same way
+    spec = load_tune_manifest(path)
+    cells = plan_cells(spec)
+    view = _View(spec, cells, {c.name: open_study(where, c, spec) for c in cells}, where)
+    text = io.StringIO()
+    Console(file=text, width=200).print(view)
+    row = next(line for line in text.getvalue().splitlines() if f"{cell} " in line)
+    assert "1/4" in row and f"{heldout_accuracy(first[0]):.4g}" in row
 
 
 def _study(where: Path, cell: str) -> list[tuple]:

@@ -114,8 +114,10 @@ def search(spec: TuneSpec, cells: list[Cell], studies: dict, records: dict, wher
     """Rounds of one trial per unfinished cell, until every cell has its trials; the
     trials (with why) that did not end, which stop the search."""
     # the launcher's own lines (a trial done, pruned) are printed above the table
-    view = Live(_table(spec, cells, studies, where), console=err, transient=False,
-                auto_refresh=False, redirect_stderr=True, redirect_stdout=True)
+    # redrawn every few seconds: a round's trials count as they end (read from their runs)
+    view = Live(_View(spec, cells, studies, where), console=err, transient=False,
+                auto_refresh=True, refresh_per_second=0.25, redirect_stderr=True,
+                redirect_stdout=True)
     with view if not quiet else _Nothing():
         while True:
             batch = [t for t in (_next(spec, c, studies[c.name], records[c.name], where)
@@ -132,9 +134,25 @@ def search(spec: TuneSpec, cells: list[Cell], studies: dict, records: dict, wher
                     failed.append((run, f"{o.status}: {o.error}" if o else "did not run"))
             write_tune_record(spec, cells, studies, where)
             if not quiet:
-                view.update(_table(spec, cells, studies, where), refresh=True)
+                view.refresh()
             if failed:
                 return failed
+
+
+class _View:
+    """The live table, built afresh at each redraw."""
+
+    def __init__(self, spec: TuneSpec, cells: list[Cell], studies: dict, where: Path):
+        self.args = (spec, cells, studies, where)
+        self.last: Table | None = None
+
+    def __rich__(self) -> Table:
+        try:
+            self.last = _table(*self.args)
+        except OSError:  # a run directory mid-write: keep the last drawing
+            if self.last is None:
+                raise
+        return self.last
 
 
 class _Nothing:
