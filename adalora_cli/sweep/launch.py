@@ -12,6 +12,7 @@ other.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -37,13 +38,17 @@ class Launcher(Protocol):
 class LocalLauncher:
     name = "local"
     processes_per_run = 1
+    feeds = True
+    """``launch`` takes ``then``: runs that join as others end (a tune's trials run
+    without waiting for a round; SLURM's job arrays do wait for theirs)."""
 
     def __init__(self, jobs: int = 1):
         self.jobs = jobs
 
     def launch(self, spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path,
-               quiet: bool = False) -> list[Outcome]:
-        return execute(spec, runs, sweep_dir, jobs=self.jobs, quiet=quiet)
+               quiet: bool = False,
+               then: Callable[[Outcome], list[PlannedRun]] | None = None) -> list[Outcome]:
+        return execute(spec, runs, sweep_dir, jobs=self.jobs, quiet=quiet, then=then)
 
 
 def make_launcher(name: str, slurm: list[str] | None, jobs: int, wait: bool,

@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -220,8 +221,12 @@ def _stop_on_sigterm() -> None:
 
 
 def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int = 1,
-            quiet: bool = False) -> list[Outcome]:
-    """Run the plan; returns one outcome per planned run. Failures never stop the others."""
+            quiet: bool = False,
+            then: Callable[[Outcome], list[PlannedRun]] | None = None) -> list[Outcome]:
+    """Run the plan; returns one outcome per planned run. Failures never stop the others.
+
+    ``then``: called with each run's outcome as it comes; the runs it returns join the
+    queue (a tune's next trial of a cell, asked once the cell's last one is told)."""
     console = Console(stderr=True)
     (sweep_dir / SWEEP_LOGS).mkdir(parents=True, exist_ok=True)
     write_manifest(spec, runs, sweep_dir)
@@ -230,6 +235,16 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
     slots = gpu_slots(jobs, gpus)
     packer, peaks = _packer(len(slots), gpus, console), _Peaks(sweep_dir)
     todo, outcomes = [], []
+    order = {r.name: i for i, r in enumerate(runs)}
+
+    def more(o: Outcome) -> int:
+        """Queue what ``then`` asks for after ``o``; how many runs joined."""
+        extra = then(o) if then is not None else []
+        for run in extra:
+            order.setdefault(run.name, len(order))
+            todo.append(run)
+        return len(extra)
+
     for run in runs:
         settled = _settled(run, sweep_dir, console)
         if settled is None:
@@ -239,6 +254,7 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
                 peaks.learn(run)  # finished by an earlier sweep: its peak is known
             outcomes.append(settled)
             log.event(run.name, settled.status)
+            more(settled)
             if settled.status == "busy":
                 warning(f"{sweep_dir / run.name} is being run by another process; left alone",
                         console.file)
@@ -260,6 +276,9 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
                                    f"({o.seconds:.0f}s)" + (f": {o.error}" if o.error else ""),
                                    highlight=False)
             progress.advance(overall)
+            joined = more(o)
+            if joined:
+                progress.update(overall, total=progress.tasks[overall].total + joined)
 
         refreshed = time.monotonic()
         try:
@@ -314,7 +333,6 @@ def execute(spec: SweepSpec, runs: list[PlannedRun], sweep_dir: Path, jobs: int 
             raise OSError(err.errno, f"the sweep stopped: {err.strerror or err}; its running "
                                      "runs were stopped, rerun the sweep to resume them",
                           err.filename) from None
-    order = {r.name: i for i, r in enumerate(runs)}
     return sorted(outcomes, key=lambda o: order[o.run.name])
 
 

@@ -171,6 +171,29 @@ def test_failed_runs_are_recorded_and_the_others_go_on(tmp_path, in_repo):
     assert sorted(kinds[2:]) == [("bad0", "failed"), ("bad1", "failed")]
 
 
+@pytest.mark.e2e
+def test_runs_join_as_others_end(tmp_path, in_repo):
+    """``then`` is told every outcome as it comes, and the runs it returns join the queue
+    (how a tune starts a cell's next trial without waiting for the others)."""
+    def bad(i: int) -> PlannedRun:  # fails fast, before the heavy imports
+        return PlannedRun(f"bad{i}", Path(SMOKE), "lora", None, 0, ("--no-such-option",), "")
+
+    seen = []
+
+    def then(o):
+        seen.append(o.run.name)
+        return [bad(2)] if o.run.name == "bad0" else []
+
+    outcomes = execute(SweepSpec("t", [], Path("x")), [bad(0), bad(1)], tmp_path, jobs=2,
+                       quiet=True, then=then)
+    assert [o.run.name for o in outcomes] == ["bad0", "bad1", "bad2"]
+    assert all(o.status == "failed" for o in outcomes) and sorted(seen) == ["bad0", "bad1",
+                                                                             "bad2"]
+    events = [json.loads(line) for line in (tmp_path / SWEEP_LOG).read_text().splitlines()]
+    kinds = [(e["run"], e["event"]) for e in events]
+    assert kinds.index(("bad2", "started")) > kinds.index(("bad0", "failed"))
+
+
 def test_a_long_child_error_is_kept_whole(tmp_path):
     """A child's one-line error (a deep path makes it long) reaches the sweep's summary and
     ``--status`` whole: the fix is at its end (cut at 300 characters it lost "or upgrade

@@ -136,6 +136,48 @@ def _study(where: Path, cell: str) -> list[tuple]:
             for t in study.trials]
 
 
+class Feeding(InProcess):
+    """Trains in this process as a local sweep does with a tune: one launch, each run's
+    outcome passed to ``then``, whose runs join the queue."""
+
+    feeds = True
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.joined: list[tuple[str, list[str]]] = []
+
+    def launch(self, spec, runs, sweep_dir: Path, quiet: bool = False, then=None):
+        self.calls += 1
+        queue, outcomes = list(runs), []
+        while queue:
+            (o,) = super().launch(spec, [queue.pop(0)], sweep_dir, quiet)
+            outcomes.append(o)
+            extra = then(o) if then is not None else []
+            self.joined.append((o.run.name, [r.name for r in extra]))
+            queue += extra
+        return outcomes
+
+
+def test_a_fed_search_makes_the_rounds_choices(smoke_tune, tmp_path, in_repo):
+    """Each cell's next trial joins as soon as its last one is told (no round waits for
+    the slowest cell), and every study ends as the rounds left it: same trials, values
+    and choices."""
+    reference, _, _ = smoke_tune
+    launcher = Feeding()
+    code, output = tune(manifest(tmp_path, seeds=[0]), tmp_path / "sweep", launcher)
+    assert code == 0, output
+    assert launcher.calls == 2  # the whole search in one launch, then the seed runs
+    # a cell's next trial joins the queue as its last one ends, while other cells' first
+    # trials still wait: no round
+    assert launcher.joined[0] == ("glue-adalora-b16-t000", ["glue-adalora-b16-t001"])
+    assert launcher.trained[:3] == [f"{c}-t000" for c in CELLS]
+    for cell in ("glue-adalora-b16", "glue-lora-b16", "glue-loraplus-b16"):
+        assert _study(tmp_path / "sweep", cell) == _study(reference, cell)
+    assert [c["chosen"] for c in record(tmp_path / "sweep")["cells"]] == [
+        c["chosen"] for c in record(reference)["cells"]]
+
+
 @pytest.mark.e2e
 def test_a_tune_killed_mid_trial_continues_to_the_same_study(smoke_tune, tmp_path, in_repo):
     reference, _, _ = smoke_tune

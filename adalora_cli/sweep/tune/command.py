@@ -26,6 +26,7 @@ from ...errors import writing
 from ...rundir.layout import SWEEP_LOGS
 from ...rundir.run import write_text_atomic
 from ..plan import PlannedRun, SweepSpec
+from ..runs import Outcome
 from .cells import Cell, check_holdout, plan_cells
 from .manifest import TuneSpec, load_tune_manifest
 from .study import (
@@ -111,10 +112,11 @@ def _check_pruning(spec: TuneSpec, cells: list[Cell]) -> None:
 
 def search(spec: TuneSpec, cells: list[Cell], studies: dict, records: dict, where: Path,
            launcher, err: Console, quiet: bool) -> list[tuple[PlannedRun, str]]:
-    """Rounds of one trial per unfinished cell, until every cell has its trials; the
-    trials (with why) that did not end, which stop the search."""
+    """Every cell's trials, one at a time per cell, cells side by side; the trials (with
+    why) that did not end, which stop the search. A launcher that ``feeds`` starts a cell's
+    next trial as soon as its last one is told; otherwise trials go in rounds of one per
+    unfinished cell (a SLURM job array each)."""
     # the launcher's own lines (a trial done, pruned) are printed above the table
-    # redrawn every few seconds: a round's trials count as they end (read from their runs)
     view = Live(_View(spec, cells, studies, where), console=err, transient=False,
                 auto_refresh=True, refresh_per_second=0.25, redirect_stderr=True,
                 redirect_stdout=True)
@@ -124,19 +126,47 @@ def search(spec: TuneSpec, cells: list[Cell], studies: dict, records: dict, wher
                                  for c in cells) if t is not None]
             if not batch:
                 return []
-            runs = [run for _, _, run in batch]
-            outcomes = {o.run.name: o for o in launcher.launch(
-                SweepSpec(spec.name, [], spec.source), runs, where, quiet=True)}
-            failed = []
-            for cell, number, run in batch:
-                if tell(studies[cell.name], number, where / run.name, cell) is None:
-                    o = outcomes.get(run.name)
-                    failed.append((run, f"{o.status}: {o.error}" if o else "did not run"))
-            write_tune_record(spec, cells, studies, where)
+            failed = _launch_trials(spec, cells, studies, records, where, launcher, batch)
             if not quiet:
                 view.refresh()
             if failed:
                 return failed
+
+
+def _launch_trials(spec: TuneSpec, cells: list[Cell], studies: dict, records: dict,
+                   where: Path, launcher, batch: list[tuple[Cell, int, PlannedRun]]
+                   ) -> list[tuple[PlannedRun, str]]:
+    """Launch ``batch`` (a trial per cell); each trial is told to its study as it ends
+    and, where the launcher feeds, followed by its cell's next. The trials that did not
+    end, with why."""
+    feeds = getattr(launcher, "feeds", False)
+    open_ = {run.name: (cell, number, run) for cell, number, run in batch}
+    failed: list[tuple[PlannedRun, str]] = []
+
+    def told(o: Outcome) -> list[PlannedRun]:
+        """Tell the study how the trial ended; the cell's next trial, if any."""
+        if o.run.name not in open_:
+            return []
+        cell, number, _ = open_.pop(o.run.name)
+        if tell(studies[cell.name], number, where / o.run.name, cell) is None:
+            failed.append((o.run, f"{o.status}: {o.error}"))
+        write_tune_record(spec, cells, studies, where)
+        if failed or not feeds:
+            return []
+        found = _next(spec, cell, studies[cell.name], records[cell.name], where)
+        if found is None:
+            return []
+        open_[found[2].name] = found
+        return [found[2]]
+
+    runs = [run for _, _, run in batch]
+    sweep = SweepSpec(spec.name, [], spec.source)
+    if feeds:
+        launcher.launch(sweep, runs, where, quiet=True, then=told)
+    else:
+        for o in launcher.launch(sweep, runs, where, quiet=True):
+            told(o)
+    return failed + [(run, "did not run") for _, _, run in open_.values()]
 
 
 class _View:
