@@ -614,9 +614,20 @@ def _evaluate(built: Built, stepper: Stepper, step: int, logger: RunLogger,
     return results
 
 
+def scored_splits(cfg: RunConfig, splits: dict[str, Any]) -> dict[str, Any]:
+    """The splits an evaluation scores: all of them, but a tune trial scores only the one
+    its study reads (``tune.metric``'s), unless ``train.select=best`` reads the others: a
+    trial is a point of the search, not a result, and GSM8K's test split alone is 1,319
+    generated answers an evaluation."""
+    if cfg.tune.metric is None or cfg.train.select == "best":
+        return splits
+    split = cfg.tune.metric.rpartition("/")[0]
+    return {split: splits[split]} if split in splits else splits
+
+
 def _evaluate_splits(built: Built, stepper: Stepper, step: int, logger: RunLogger,
                      results: dict[str, dict[str, float]]) -> None:
-    for split, dataset in built.data.eval_splits.items():
+    for split, dataset in scored_splits(built.cfg, built.data.eval_splits).items():
         logger.evaluating(split)
         metrics = built.task.evaluate(
             built.model, split, dataset, batch_size=built.cfg.train.eval_batch_size,

@@ -55,6 +55,12 @@ def test_a_smoke_tune_completes(smoke_tune):
             assert cfg.task.holdout == 16 and cfg.tune.trial == t["number"]
             info = json.loads((run / "summary.json").read_text())["data"]
             assert (info["train_examples"], info["heldout_examples"]) == (48, 16)
+            # scored on the held-out rows only, at every evaluation: the search's points
+            scored = {json.loads(line).get("split") for line in
+                      (run / "metrics.jsonl").read_text().splitlines()} - {None}
+            assert scored == {"heldout"}
+            summary = json.loads((run / "summary.json").read_text())
+            assert set(summary["metrics"]) == {"heldout"}
         # the choice: the best held-out accuracy, the earliest trial among equals
         best = max(trials, key=lambda t: (t["value"], -t["number"]))
         assert cell["chosen"]["params"] == best["params"]
@@ -254,7 +260,12 @@ def test_a_gsm8k_trial_reports_its_held_out_accuracy(tmp_path, in_repo, monkeypa
     [trial] = cell["trials"]
     assert trial["value"] == expected == heldout_accuracy(tmp_path / "sweep" / trial["run"])
     summary = json.loads((tmp_path / "sweep" / trial["run"] / "summary.json").read_text())
-    assert expected > 0 and summary["metrics"]["validation"]["accuracy"] == 0
+    # a trial scores only what its study reads; the seed run scores GSM8K test, where the
+    # stand-in answers nothing
+    assert expected > 0 and set(summary["metrics"]) == {"heldout"}
+    seed_run = tmp_path / "sweep" / f"{cell['name']}-tuned-s0" / "summary.json"
+    assert set(json.loads(seed_run.read_text())["metrics"]) == {"validation"}
+    assert json.loads(seed_run.read_text())["metrics"]["validation"]["accuracy"] == 0
     assert trial["reported"] == {"4": expected}  # step 8 is the end: its value above
 
 
