@@ -79,10 +79,15 @@ def evaluate(model: Any, tokenizer: Any, names: list[str], manager: Any, *,
     the default ``none`` filter is dropped). ``quiet``: without lm-eval's progress bars."""
     import contextlib
     import io
+    import logging
     from importlib import metadata
 
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
+
+    # lm-eval warns that it was handed a model object, not a name (how a run scores its own
+    # model) and how to pass task metadata: advice for its command line, not for a run
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
 
     if tokenizer.pad_token_id is None:  # as causal_lm pads: with the end-of-sequence token
         tokenizer.pad_token = tokenizer.eos_token

@@ -65,6 +65,20 @@ def test_harness_task_scores_what_the_runs_own_evaluation_scored(smoke_runs, tmp
                         f"(the run's own exact_match {own:.4f})")
 
 
+def test_lm_evals_advice_for_its_own_command_line_stays_out_of_a_run(smoke_runs, tmp_path,
+                                                                      caplog):
+    """A run hands lm-eval its model as an object, as lm-eval allows; lm-eval's warnings
+    about that (and about task metadata) are for its command line, not for our users."""
+    import logging
+
+    run = copy_of(smoke_runs(CHAT, *EIGHT), tmp_path / "run")
+    caplog.set_level(logging.WARNING)
+    result, lines = invoke("eval", run, "--harness", "bbc_topic_chat", "--limit", 2)
+    assert result.exit_code == 0, result.output
+    assert not [r for r in caplog.records if r.name.startswith("lm_eval")], caplog.text
+    assert "pretrained" not in result.output and "--metadata" not in result.output
+
+
 def test_base_and_adapted_adalora_scored_and_shown_by_report(smoke_runs, tmp_path):
     run = copy_of(smoke_runs(CHAT, *EIGHT), tmp_path / "run")
     predictions, summary = own_scores(run)
