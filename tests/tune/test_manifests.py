@@ -34,6 +34,10 @@ def test_the_real_data_manifests_tune_the_eight_methods(in_repo, name, holdout):
         (m, b) for m in EIGHT for b in (72, 288)}
     assert spec.seeds == [0, 1, 2] and all(c.holdout == holdout for c in cells)
     assert all(c.metric == "heldout/accuracy" for c in cells)
+    # every trial runs to the end: a pruner halfway favours the rates that learn fastest
+    # early (docs/tuning.md#pruning), and a pruner needs periodic evaluations these skip
+    assert spec.pruner == {"name": "none"}
+    assert not any(o.startswith("train.eval_every=") for c in cells for o in c.base.overrides)
     # 3 rates a cell, LoRA+ 3 rates x 2 ratios: the manifests' header says 54 trials
     assert sum(n_trials(c, spec) for c in cells) == 54
     lora = next(c for c in cells if c.name.endswith("lora-b72") and c.method == "lora")
