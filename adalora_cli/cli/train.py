@@ -130,6 +130,10 @@ def print_dry_run(result: DryRun) -> None:
                   highlight=False, soft_wrap=True)
     if result.budget is not None:  # AdaLoRA trains at r0 but keeps only b(T): show both
         _print_final_budget(console, result.budget, result.n_matrices)
+    if result.ranks_at_start:
+        from ..methods.registry import PASS_NOTE
+
+        console.print(f"{result.method}: {PASS_NOTE}", highlight=False, soft_wrap=True)
     print(json.dumps(result.info()), flush=True)  # last line: machine-readable
 
 

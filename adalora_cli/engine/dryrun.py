@@ -63,6 +63,9 @@ class DryRun:
     model: str
     table: list[ModuleRow] = field(default_factory=list)
     budget: FinalBudget | None = None
+    ranks_at_start: bool = False
+    """The method chooses each matrix's rank in a pass over data before training (EVA,
+    GoRA): the counts are at its mean rank, and what trains may differ."""
 
     def info(self) -> dict[str, Any]:
         """The totals as the command's last, machine-readable line prints them."""
@@ -95,4 +98,5 @@ def dry_run(cfg: RunConfig) -> DryRun:
         model=cfg.model.name_or_path,
         table=[ModuleRow(**row) for row in parameter_table(model)],
         budget=budget,
+        ranks_at_start=spec.pass_batches is not None,
     )

@@ -132,6 +132,10 @@ class MethodSpec:
                        function)(model, cfg, total_steps)
 
 
+PASS_NOTE = ("each matrix's rank is chosen in a pass before training, under the same b(T); "
+             "counted here at the mean rank, the run's summary has what trained")
+"""What a dry run says of the counts of a method with a pass (``pass_batches``)."""
+
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # The untrained base first, then the paper's row order (Table 1): full fine-tuning, then
     # the cheapest baselines first.

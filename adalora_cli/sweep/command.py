@@ -90,10 +90,16 @@ def print_plan(rows: list[dict], where: Path, out: Console) -> None:
         table.add_column(name, overflow="fold",
                          justify="right" if name in ("adapter params", "trainable") else "left")
     for r in rows:
+        near = "~" if r["ranks_at_start"] else ""
         table.add_row(r["run"], r["method"], str(r["budget_level"] or ""), r["size"],
-                      str(r["seed"]), f"{r['adapter_params']:,}", f"{r['trainable_params']:,}",
-                      r["action"])
+                      str(r["seed"]), f"{near}{r['adapter_params']:,}",
+                      f"{near}{r['trainable_params']:,}", r["action"])
     out.print(table)
+    passed = sorted({r["method"] for r in rows if r["ranks_at_start"]})
+    if passed:
+        from ..methods.registry import PASS_NOTE
+
+        out.print(f"~ {', '.join(passed)}: {PASS_NOTE}", highlight=False, soft_wrap=True)
     todo = sum(r["action"].startswith(("run", "rerun")) for r in rows)
     out.print(f"{len(rows)} runs planned, {todo} would run; nothing was trained")
 

@@ -168,5 +168,6 @@ def describe(runs: list[PlannedRun], sweep_dir: Path) -> list[dict]:
                      "size": run.size, "seed": run.seed,
                      "adapter_params": counted.adapter_params,
                      "trainable_params": counted.trainable_params,
+                     "ranks_at_start": counted.ranks_at_start,
                      "action": action[run_state(sweep_dir / run.name)]})
     return rows

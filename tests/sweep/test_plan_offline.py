@@ -117,3 +117,23 @@ def test_one_checkpoint_under_two_task_families_is_counted_twice(in_repo, tmp_pa
     sizes = {r.name: r.size for r in plan(build_spec(manifest))}
     # rbar 24 / 12 = 2 -> r 2;  24 / 32 = 0.75 -> r 1
     assert sizes == {"glue-lora-b24-s0": "r=2", "summarization-lora-b24-s0": "r=1"}
+
+
+def test_a_plan_marks_the_counts_a_pass_before_training_will_change(in_repo, tmp_path):
+    """EVA and GoRA choose each matrix's rank from data once training starts: the plan counts
+    them at the mean rank, marked ~ with the reason; LoRA's count stands as is."""
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "name": "m", "runs": [{"configs": ["configs/smoke/glue.yaml"],
+                               "methods": ["eva", "lora"], "budgets": [24]}]}))
+    done = runner.invoke(app, ["sweep", str(manifest), "--dry-run",
+                               "--sweep-dir", str(tmp_path / "s")])
+    assert done.exit_code == 0, done.output
+    rows = {line.split("│")[1].strip(): line for line in done.output.splitlines()
+            if line.startswith("│")}
+    # tiny-bert: hidden 32, intermediate 37; 2 layers x (4 attention matrices of 32 x 32, 2
+    # feed-forward of 32 x 37); r = 24 / 12 = 2: 2 x (4 x 2 x 64 + 2 x 2 x 69) = 1,576
+    eva, lora = rows["glue-eva-b24-s0"], rows["glue-lora-b24-s0"]
+    assert "~1,576" in eva and "1,576" in lora and "~" not in lora
+    assert ("~ eva: each matrix's rank is chosen in a pass before training, under the same "
+            "b(T); counted here at the mean rank") in " ".join(done.output.split())
