@@ -51,13 +51,32 @@ def run_report(paths: list[Path], fmt: str, out_dir: Path | None, *, paper: bool
     for note in result.notes:
         _warn(err, note)
     if not result.runs:
-        raise ConfigError(f"no finished runs under {', '.join(map(str, paths))}")
+        raise ConfigError(f"no finished runs under {', '.join(map(str, paths))}"
+                          + "".join(_searching(t) for t in result.tunes[:1]))
     methods = sorted({r.method for r in result.runs})
     if against is not None and against not in methods:
         raise ConfigError(f"--against {against}: no finished {against} runs under "
                           f"{', '.join(map(str, paths))} to compare with; the methods there: "
                           f"{', '.join(methods)}")
     emit(result, formats, out_dir, figures, out, err)
+
+
+def _searching(tune) -> str:
+    """Why a tune still mid-search has nothing to report: its trials are the search, and
+    the report's results are the seed runs of the values it chooses."""
+    from ..rundir.run import RunDir
+
+    cells = tune.data["cells"]
+    # read from the trials' run directories: the study is told a trial later
+    ended = sum((RunDir.read_status(run) or {}).get("status") in ("finished", "pruned")
+                for run in tune.trial_dirs())
+    planned = sum(c.get("trials_planned") or 0 for c in cells)
+    command = f"adalora tune {tune.data.get('source', 'MANIFEST')} --status"
+    if tune.path.resolve() != (Path("runs") / tune.data.get("name", "")).resolve():
+        command += f" --sweep-dir {tune.path}"
+    return (f": {tune.path} is a tune whose seed runs have not finished ({ended} of {planned} "
+            "trials of its search ended; its results are the seed runs of the values it "
+            f"chooses); see where it stands with {command}")
 
 
 def check_out_dir(out_dir: Path) -> None:

@@ -31,8 +31,16 @@ class Tune:
     data: dict[str, Any]
 
     def trial_dirs(self) -> set[Path]:
-        return {(self.path / t["run"]).resolve() for c in self.data.get("cells", [])
-                for t in c.get("trials", [])}
+        """The trials' run directories: those the record lists, and those of trials not yet
+        told to their study (``<cell>-t<number>``), which it lists once they are."""
+        cells = self.data.get("cells", [])
+        dirs = {(self.path / t["run"]).resolve() for c in cells for t in c.get("trials", [])}
+        names = {c.get("name") for c in cells}
+        for run in self.path.iterdir() if self.path.is_dir() else ():
+            cell, _, number = run.name.rpartition("-t")
+            if cell in names and number.isdigit() and run.is_dir():
+                dirs.add(run.resolve())
+        return dirs
 
     @property
     def chosen_on(self) -> str:

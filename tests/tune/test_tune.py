@@ -132,6 +132,23 @@ def test_status_counts_a_trial_that_ended_before_its_round_did(tmp_path, in_repo
     assert "1/4" in row and f"{heldout_accuracy(first[0]):.4g}" in row
 
 
+def test_a_report_of_a_tune_still_searching_says_so(tmp_path, in_repo):
+    """Mid-search a tune has finished trials but no results (its seed runs): the report
+    says which, and how to see where it stands, instead of only 'no finished runs'."""
+    path = manifest(tmp_path, seeds=[0])
+    where = tmp_path / "sweep"
+    with pytest.raises(KeyboardInterrupt):
+        tune(path, where, StopsAfterOne())
+    result = CliRunner().invoke(app, ["report", str(where)])
+    assert result.exit_code == 2
+    # 3 cells of 4 trials; the one that ended was not yet told, and the record counts it
+    assert (f"is a tune whose seed runs have not finished (1 of 12 trials of its search "
+            "ended; its results are the seed runs of the values it chooses); see where it "
+            f"stands with adalora tune {path} --status --sweep-dir {where}"
+            ) in " ".join(result.output.split()), result.output
+    assert "skipped" not in result.output  # its trials are a tune's, from the start
+
+
 def _study(where: Path, cell: str) -> list[tuple]:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend

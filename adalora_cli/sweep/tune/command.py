@@ -86,6 +86,8 @@ def run_tune(req: TuneRequest, out: Console, err: Console, launcher=None) -> int
     (where / SWEEP_LOGS).mkdir(parents=True, exist_ok=True)
     studies = {c.name: open_study(where, c, spec) for c in cells}
     records = {c.name: write_record(where, c, spec) for c in cells}
+    # from the start, so that a report of the folder knows its runs for a tune's trials
+    write_tune_record(spec, cells, studies, where)
     failed = search(spec, cells, studies, records, where, launcher, err, req.quiet)
     if not req.quiet:
         err.print()  # the live table ends without one
